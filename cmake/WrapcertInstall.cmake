@@ -1,0 +1,24 @@
+# `cmake --install` + `find_package(wrapcert)` for consumers, with namespaced targets.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(WRAPCERT_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/wrapcert")
+
+install(TARGETS wrapcert_core wrapcert_fixtures
+  EXPORT wrapcertTargets
+  ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+  LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+  INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/src/wrapcert"
+  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+  FILES_MATCHING PATTERN "*.h" PATTERN "*_test.h" EXCLUDE)
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/fixtures/include/wrapcert"
+  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(EXPORT wrapcertTargets NAMESPACE wrapcert:: DESTINATION "${WRAPCERT_CMAKE_DIR}")
+
+configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/wrapcertConfig.cmake.in"
+  "${PROJECT_BINARY_DIR}/wrapcertConfig.cmake" INSTALL_DESTINATION "${WRAPCERT_CMAKE_DIR}")
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/wrapcertConfigVersion.cmake"
+  COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/wrapcertConfig.cmake"
+  "${PROJECT_BINARY_DIR}/wrapcertConfigVersion.cmake" DESTINATION "${WRAPCERT_CMAKE_DIR}")

@@ -1,0 +1,65 @@
+#include <wrapcert/testing/models.h>
+#include <wrapcert/wrapcert.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+namespace wrapcert {
+namespace {
+
+/// A wrapper kind a framework author might add: their own type, their own slot.
+class ShardedImpl : public WrapperImpl {
+ public:
+  explicit ShardedImpl(ModulePtr inner)
+      : WrapperImpl("Sharded", "_sharded_module", std::move(inner)) {}
+};
+
+TEST(Registry, HoldsTheBuiltInKindsWithTheirRealSlots) {
+  const auto& r = Registry::global();
+  EXPECT_EQ(r.at("DistributedDataParallel").slot, "module");
+  EXPECT_EQ(r.at("FullyShardedDataParallel").slot, "_fsdp_wrapped_module");
+  EXPECT_EQ(r.at("SpmdFullyShardedDataParallel").slot, "_orig_module");
+  EXPECT_THAT(r.at("SpmdFullyShardedDataParallel").aliases, ::testing::ElementsAre("module"));
+  EXPECT_EQ(r.at("OptimizedModule").slot, "_orig_mod");
+  EXPECT_EQ(r.at("CheckpointWrapper").slot, "_checkpoint_wrapped_module");
+  EXPECT_EQ(r.kinds().size(), 7u);
+}
+
+TEST(Registry, RecognisesByTypeNotByChildName) {
+  const auto& r = Registry::global();
+  auto user = std::make_shared<testing::UserModuleImpl>("module");
+  EXPECT_EQ(r.find(*user), nullptr);
+  auto dp = std::make_shared<DataParallelImpl>(user);
+  ASSERT_NE(r.find(*dp), nullptr);
+  EXPECT_EQ(r.find(*dp)->name, "DataParallel");
+}
+
+TEST(Registry, RejectsAKindRegisteredTwiceByNameOrType) {
+  Registry r = Registry::with_builtins();
+  r.add(wrapper_kind<ShardedImpl>("Sharded", "_sharded_module"));
+  EXPECT_THROW(r.add(wrapper_kind<ShardedImpl>("Sharded", "_sharded_module")), Error);
+  try {
+    r.add(wrapper_kind<ShardedImpl>("ShardedAgain", "_sharded_module"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDuplicateKind);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("'Sharded'"));
+  }
+}
+
+TEST(Registry, UnwrapsAUserRegisteredKindOnlyWhereItIsRegistered) {
+  Registry r = Registry::with_builtins();
+  r.add(wrapper_kind<ShardedImpl>("Sharded", "_sharded_module"));
+  auto root = std::make_shared<testing::ChainImpl>();
+  root->register_module("fc", torch::nn::Linear(2, 2));
+  auto wrapped = wrap(root, "fc", "Sharded", r);
+  EXPECT_THAT(keys(unwrap_reference(wrapped, r).state_dict()),
+              ::testing::ElementsAre("fc.weight", "fc.bias"));
+  // Unknown to the global registry, the same wrapper is an ordinary module there.
+  EXPECT_THAT(keys(unwrap_reference(wrapped).state_dict()),
+              ::testing::ElementsAre("fc._sharded_module.weight", "fc._sharded_module.bias"));
+}
+
+}  // namespace
+}  // namespace wrapcert

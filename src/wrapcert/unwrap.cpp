@@ -1,0 +1,160 @@
+#include <wrapcert/detail/path.h>
+#include <wrapcert/error.h>
+#include <wrapcert/unwrap.h>
+#include <wrapcert/wrap.h>
+
+#include <unordered_set>
+
+namespace wrapcert {
+namespace {
+
+using detail::join_path;
+
+constexpr int kPythonRecursionLimit = 1000;
+
+/// Python's `getattr(m, "module", None)` on the real wrappers' classes.
+ModulePtr module_attribute(ModulePtr m, const Registry& registry, const std::string& path) {
+  for (int hops = 0; hops < kPythonRecursionLimit; ++hops) {
+    if (auto child = find_child(*m, "module"))
+      return child;
+    const WrapperKind* kind = registry.find(*m);
+    if (!kind)
+      return nullptr;
+    for (const auto& alias : kind->aliases) {
+      if (alias == "module")
+        return kind->inner_of(*m, path);
+    }
+    if (!kind->forwards_attributes)
+      return nullptr;
+    m = kind->inner_of(*m, path);  // `__getattr__` falls through to the inner module
+  }
+  throw Error(ErrorCode::kRecursionLimit, path,
+              "maximum recursion depth exceeded while forwarding attribute 'module'");
+}
+
+ModulePtr duck_unwrap(const ModulePtr& module, const Registry& registry, int depth,
+                      const std::string& path) {
+  if (depth > kPythonRecursionLimit) {
+    throw Error(ErrorCode::kRecursionLimit, path,
+                "maximum recursion depth exceeded (Python's default limit is " +
+                    std::to_string(kPythonRecursionLimit) + "; a cycle ends here too)");
+  }
+  ModulePtr unwrapped = module;
+  if (auto inner = module_attribute(module, registry, path)) {
+    unwrapped = duck_unwrap(inner, registry, depth + 1, join_path(path, "module"));
+  }
+  for (const auto& item : unwrapped->named_children()) {
+    replace_child(*unwrapped, item.key(),
+                  duck_unwrap(item.value(), registry, depth + 1, join_path(path, item.key())));
+  }
+  return unwrapped;
+}
+
+}  // namespace
+
+std::string_view to_string(Subject subject) {
+  switch (subject) {
+    case Subject::kLegacy:
+      return "legacy";
+    case Subject::kDuckTyped:
+      return "duck_typed";
+    case Subject::kReference:
+      return "reference";
+  }
+  return "unknown";
+}
+
+Subject subject_from_string(std::string_view name) {
+  for (Subject s : all_subjects()) {
+    if (to_string(s) == name)
+      return s;
+  }
+  throw Error(
+      ErrorCode::kInvalidArgument, "",
+      "unknown unwrap subject '" + std::string(name) + "' (known: legacy, duck_typed, reference)");
+}
+
+std::vector<Subject> all_subjects() {
+  return {Subject::kLegacy, Subject::kDuckTyped, Subject::kReference};
+}
+
+ModulePtr unwrap_legacy(const ModulePtr& root, const Registry& registry) {
+  if (!root)
+    throw Error(ErrorCode::kInvalidArgument, "", "cannot unwrap a null module");
+  ModulePtr module = root;
+  std::unordered_set<const torch::nn::Module*> seen;
+  std::string path;
+  while (const WrapperKind* kind = registry.find(*module)) {
+    if (!seen.insert(module.get()).second) {
+      throw Error(ErrorCode::kCycle, path, kind->name + " is its own ancestor");
+    }
+    module = kind->inner_of(*module, path);
+    path = join_path(path, kind->slot);
+  }
+  return module;
+}
+
+ModulePtr unwrap_duck_typed(const ModulePtr& root, const Registry& registry) {
+  if (!root)
+    throw Error(ErrorCode::kInvalidArgument, "", "cannot unwrap a null module");
+  return duck_unwrap(root, registry, 1, "");
+}
+
+SeeThrough registered_wrappers(const Registry& registry) {
+  return [&registry](const torch::nn::Module& m) { return registry.find(m); };
+}
+
+StateDict wrapped_state(const ModuleView& result, const Registry& registry) {
+  return result.state_through(registered_wrappers(registry));
+}
+
+ModuleView unwrap_reference(const ModulePtr& root, const Registry& registry) {
+  return ModuleView::build(root, registered_wrappers(registry));
+}
+
+ModuleView unwrap(Subject subject, const ModulePtr& root, const Registry& registry) {
+  switch (subject) {
+    case Subject::kLegacy:
+      return ModuleView::of(unwrap_legacy(root, registry));
+    case Subject::kDuckTyped:
+      return ModuleView::of(unwrap_duck_typed(root, registry));
+    case Subject::kReference:
+      return unwrap_reference(root, registry);
+  }
+  throw Error(ErrorCode::kInvalidArgument, "", "unknown unwrap subject");
+}
+
+ScopedUnwrap::ScopedUnwrap(const ModulePtr& root, const Registry& registry) {
+  const ModuleView view = unwrap_reference(root, registry);
+  root_ = view.root().module;
+  try {
+    for (size_t i = 0; i < view.size(); ++i) {
+      const auto& node = view.node(i);
+      for (const auto& edge : node.children) {
+        if (edge.via.empty())
+          continue;
+        auto original = find_child(*node.module, edge.name);
+        replace_child(*node.module, edge.name, view.node(edge.node).module);
+        rewires_.push_back(Rewire{node.module, edge.name, std::move(original)});
+      }
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+}
+
+ScopedUnwrap::~ScopedUnwrap() {
+  restore();
+}
+
+void ScopedUnwrap::restore() noexcept {
+  // Each original was a valid child of its parent a moment ago, so putting it back cannot fail;
+  // if it ever did, terminating beats running on a half-restored model.
+  for (auto it = rewires_.rbegin(); it != rewires_.rend(); ++it) {
+    replace_child(*it->parent, it->name, it->original);
+  }
+  rewires_.clear();
+}
+
+}  // namespace wrapcert

@@ -1,0 +1,260 @@
+#include <wrapcert/detail/path.h>
+#include <wrapcert/detail/python_names.h>
+#include <wrapcert/error.h>
+#include <wrapcert/view.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+namespace wrapcert {
+namespace {
+
+using detail::join_path;
+
+/// A wrapper of a kind that declares no state of its own must hold nothing but its slot.
+void check_wrapper_state(const torch::nn::Module& wrapper, const WrapperKind& kind,
+                         const std::string& path) {
+  if (kind.owns_state)
+    return;
+  for (const auto& item : wrapper.named_parameters(/*recurse=*/false)) {
+    if (!item.value().defined())
+      continue;
+    throw Error(ErrorCode::kWrapperState, join_path(path, item.key()),
+                kind.name +
+                    " holds a parameter outside its slot, and its kind does not declare "
+                    "state of its own");
+  }
+  for (const auto& item : wrapper.named_buffers(/*recurse=*/false)) {
+    if (!item.value().defined())
+      continue;
+    throw Error(ErrorCode::kWrapperState, join_path(path, item.key()),
+                kind.name +
+                    " holds a buffer outside its slot, and its kind does not declare "
+                    "state of its own");
+  }
+  for (const auto& item : wrapper.named_children()) {
+    if (item.key() == kind.slot)
+      continue;
+    throw Error(ErrorCode::kWrapperState, join_path(path, item.key()),
+                kind.name + " holds a child outside its slot '" + kind.slot +
+                    "', and its kind does not declare state of its own");
+  }
+}
+
+struct NonPersistentTable {
+  struct Entry {
+    std::weak_ptr<torch::nn::Module> owner;
+    std::vector<std::string> buffers;
+  };
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, Entry> entries;
+};
+
+NonPersistentTable& non_persistent() {
+  static auto* table = new NonPersistentTable;  // never destroyed
+  return *table;
+}
+
+}  // namespace
+
+ModuleView ModuleView::of(const ModulePtr& root) {
+  return build(root, nullptr);
+}
+
+ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_through) {
+  if (!root)
+    throw Error(ErrorCode::kInvalidArgument, "", "cannot view a null module");
+  ModuleView view;
+  struct Frame {
+    size_t node;
+    std::string path;  // the wrapped (physical) path of this node's module
+    torch::OrderedDict<std::string, ModulePtr> children;
+    size_t next = 0;
+    std::vector<const torch::nn::Module*> marked;  // on-path entries this frame owns
+  };
+  std::vector<Frame> stack;
+  std::unordered_map<const torch::nn::Module*, size_t> index;
+  // Modules on the current path (with their wrappers) -> depth of the frame they belong to.
+  std::unordered_map<const torch::nn::Module*, size_t> on_path;
+
+  // Follows wrappers from `module` at `path`; extends `via`, `marked` and `path`.
+  auto resolve = [&](ModulePtr module, std::string& path, std::vector<std::string>& via,
+                     std::vector<const torch::nn::Module*>& marked) {
+    while (true) {
+      if (auto it = on_path.find(module.get()); it != on_path.end()) {
+        const std::string& ancestor = it->second < stack.size() ? stack[it->second].path : path;
+        throw Error(ErrorCode::kCycle, path,
+                    detail::python_type_name(*module) + " is its own ancestor (already at '" +
+                        (ancestor.empty() ? "<root>" : ancestor) + "')");
+      }
+      const WrapperKind* kind = see_through ? see_through(*module) : nullptr;
+      if (!kind)
+        return module;
+      check_wrapper_state(*module, *kind, path);
+      on_path.emplace(module.get(), stack.size());
+      marked.push_back(module.get());
+      via.push_back(kind->slot);
+      module = kind->inner_of(*module, path);
+      path = join_path(path, kind->slot);
+    }
+  };
+  auto push = [&](ModulePtr module, std::string path,
+                  std::vector<const torch::nn::Module*> marked) {
+    const size_t node = view.nodes_.size();
+    index.emplace(module.get(), node);
+    on_path.emplace(module.get(), stack.size());
+    marked.push_back(module.get());
+    auto children = module->named_children();
+    view.nodes_.push_back(Node{std::move(module), {}});
+    stack.push_back(Frame{node, std::move(path), std::move(children), 0, std::move(marked)});
+  };
+
+  {
+    std::string path;
+    std::vector<const torch::nn::Module*> marked;
+    auto module = resolve(root, path, view.root_via_, marked);
+    push(std::move(module), std::move(path), std::move(marked));
+  }
+  while (!stack.empty()) {
+    Frame& frame = stack.back();
+    if (frame.next == frame.children.size()) {
+      for (const auto* m : frame.marked)
+        on_path.erase(m);
+      stack.pop_back();
+      continue;
+    }
+    const auto& item = frame.children[frame.next++];
+    const size_t parent = frame.node;
+    std::string path = join_path(frame.path, item.key());
+    Edge edge{item.key(), 0, {}};
+    std::vector<const torch::nn::Module*> marked;
+    auto module = resolve(item.value(), path, edge.via, marked);
+    if (auto it = index.find(module.get()); it != index.end()) {
+      for (const auto* m : marked)
+        on_path.erase(m);  // shared: already viewed elsewhere
+      edge.node = it->second;
+      view.nodes_[parent].children.push_back(std::move(edge));
+      continue;
+    }
+    edge.node = view.nodes_.size();
+    view.nodes_[parent].children.push_back(std::move(edge));
+    push(std::move(module), std::move(path), std::move(marked));  // invalidates `frame`
+  }
+  return view;
+}
+
+void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) const {
+  struct Item {
+    size_t node;
+    std::string clean_prefix;
+    std::string wrapped_prefix;
+    bool through;
+  };
+  std::string root_prefix;
+  for (const auto& slot : root_via_)
+    root_prefix += slot + ".";
+  std::vector<Item> stack{{0, "", root_prefix, false}};
+  while (!stack.empty()) {
+    Item item = std::move(stack.back());
+    stack.pop_back();
+    const Node& node = nodes_[item.node];
+    const torch::nn::Module& module = *node.module;
+    const bool through = item.through || (is_wrapper && is_wrapper(module) != nullptr);
+    for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+      if (!p.value().defined())
+        continue;
+      fn(item.clean_prefix + p.key(), item.wrapped_prefix + p.key(), p.value(), through);
+    }
+    for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+      if (!b.value().defined() || !is_persistent(module, b.key()))
+        continue;
+      fn(item.clean_prefix + b.key(), item.wrapped_prefix + b.key(), b.value(), through);
+    }
+    for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
+      std::string wrapped = item.wrapped_prefix + it->name + ".";
+      for (const auto& slot : it->via)
+        wrapped += slot + ".";
+      stack.push_back(
+          Item{it->node, item.clean_prefix + it->name + ".", std::move(wrapped), through});
+    }
+  }
+}
+
+void ModuleView::for_each_state(const std::function<void(const std::string&, const std::string&,
+                                                         const torch::Tensor&)>& fn) const {
+  walk_state(nullptr, [&fn](const std::string& clean, const std::string& wrapped,
+                            const torch::Tensor& t, bool) { fn(clean, wrapped, t); });
+}
+
+StateDict ModuleView::state_through(const SeeThrough& is_wrapper) const {
+  StateDict state;
+  walk_state(is_wrapper, [&state](const std::string& key, const std::string&,
+                                  const torch::Tensor& t, bool through) {
+    if (through)
+      state.insert(key, t);
+  });
+  return state;
+}
+
+StateDict ModuleView::state_dict() const {
+  StateDict state;
+  for_each_state([&state](const std::string& key, const std::string&, const torch::Tensor& t) {
+    state.insert(key, t);
+  });
+  return state;
+}
+
+std::vector<std::string> ModuleView::module_paths() const {
+  std::vector<std::string> paths;
+  std::vector<std::pair<size_t, std::string>> stack{{0, ""}};
+  while (!stack.empty()) {
+    auto [node, path] = std::move(stack.back());
+    stack.pop_back();
+    const auto& children = nodes_[node].children;
+    for (auto it = children.rbegin(); it != children.rend(); ++it) {
+      stack.emplace_back(it->node, join_path(path, it->name));
+    }
+    paths.push_back(std::move(path));
+  }
+  return paths;
+}
+
+StateDict state_dict(const ModulePtr& root) {
+  return ModuleView::of(root).state_dict();
+}
+
+std::vector<std::string> keys(const StateDict& state) {
+  return state.keys();
+}
+
+void mark_non_persistent(const ModulePtr& module, const std::string& buffer) {
+  if (!module)
+    throw Error(ErrorCode::kInvalidArgument, buffer, "null module");
+  if (module->named_buffers(/*recurse=*/false).find(buffer) == nullptr) {
+    throw Error(ErrorCode::kUnknownKey, buffer,
+                detail::python_type_name(*module) + " has no buffer named '" + buffer + "'");
+  }
+  auto& table = non_persistent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  auto& entry = table.entries[module.get()];
+  if (entry.owner.expired())
+    entry = {module, {}};  // a dead module's address was reused
+  entry.buffers.push_back(buffer);
+}
+
+bool is_persistent(const torch::nn::Module& module, const std::string& buffer) {
+  auto& table = non_persistent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  auto it = table.entries.find(&module);
+  if (it == table.entries.end())
+    return true;
+  if (it->second.owner.expired()) {
+    table.entries.erase(it);
+    return true;
+  }
+  const auto& buffers = it->second.buffers;
+  return std::find(buffers.begin(), buffers.end(), buffer) == buffers.end();
+}
+
+}  // namespace wrapcert

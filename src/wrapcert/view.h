@@ -1,0 +1,86 @@
+#pragma once
+/// A read-only view of a module tree, optionally seeing through wrappers, and its state dict.
+///
+///   auto view = wrapcert::ModuleView::of(model);            // the tree as it is
+///   auto sd = view.state_dict();                             // PyTorch's key order
+///   for (const auto& item : sd) std::cout << item.key() << "\n";
+///
+/// Each module is visited once: a module reached by two paths is one node with two incoming
+/// edges (shared submodules stay shared), and a module that is its own ancestor is an `Error`
+/// (kCycle) naming the path. The walk uses an explicit stack, so depth is not limited.
+
+#include <wrapcert/registry.h>
+
+#include <torch/ordered_dict.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace wrapcert {
+
+/// Ordered key -> tensor, in `torch.nn.Module.state_dict()` order: a module's parameters, then
+/// its persistent buffers, then each child in registration order.
+using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
+
+/// For a module met on the walk: the wrapper kind to see through, or nullptr to keep it.
+using SeeThrough = std::function<const WrapperKind*(const torch::nn::Module&)>;
+
+class ModuleView {
+ public:
+  struct Edge {
+    std::string name;  ///< the child's name in the parent's registry
+    size_t node;       ///< index of the child node
+    /// Slot names of the wrappers seen through between parent and child, outermost first;
+    /// the wrapped key of a child tensor is `name.via[0].via[1]....key`.
+    std::vector<std::string> via;
+  };
+  struct Node {
+    ModulePtr module;
+    std::vector<Edge> children;
+  };
+
+  /// The tree as it is: wrappers are ordinary nodes.
+  static ModuleView of(const ModulePtr& root);
+  /// The tree seen through every module for which `see_through` returns a kind.
+  static ModuleView build(const ModulePtr& root, const SeeThrough& see_through);
+
+  const Node& root() const { return nodes_.front(); }
+  const Node& node(size_t index) const { return nodes_.at(index); }
+  size_t size() const { return nodes_.size(); }
+  /// Slots of the wrappers seen through above the root, outermost first.
+  const std::vector<std::string>& root_via() const { return root_via_; }
+
+  /// Parameters and persistent buffers; undefined tensors (a `bias=false` Linear) are absent.
+  StateDict state_dict() const;
+  /// Calls `fn(clean_key, wrapped_key, tensor)` for each state-dict entry in order, where the
+  /// wrapped key spells out the slots of the wrappers seen through.
+  void for_each_state(const std::function<void(const std::string&, const std::string&,
+                                               const torch::Tensor&)>& fn) const;
+  /// The state-dict entries whose path passes through (or belongs to) a node for which
+  /// `is_wrapper` returns a kind: what a subject left wrapped.
+  StateDict state_through(const SeeThrough& is_wrapper) const;
+  /// Module paths in pre-order, each path once per way of reaching it ("" is the root).
+  std::vector<std::string> module_paths() const;
+
+ private:
+  using StateFn = std::function<void(const std::string&, const std::string&, const torch::Tensor&,
+                                     bool through)>;
+  void walk_state(const SeeThrough& is_wrapper, const StateFn& fn) const;
+
+  std::vector<Node> nodes_;
+  std::vector<std::string> root_via_;
+};
+
+/// The state dict of a module tree as it is (wrappers included).
+StateDict state_dict(const ModulePtr& root);
+/// The keys of a state dict, in order.
+std::vector<std::string> keys(const StateDict& state);
+
+/// Marks a registered buffer of `module` as non-persistent (PyTorch's
+/// `register_buffer(..., persistent=False)`): it stays in `named_buffers()` but leaves every
+/// wrapcert state dict. Throws `Error` (kUnknownKey) if `module` has no such buffer.
+void mark_non_persistent(const ModulePtr& module, const std::string& buffer);
+bool is_persistent(const torch::nn::Module& module, const std::string& buffer);
+
+}  // namespace wrapcert

@@ -1,0 +1,67 @@
+#include <wrapcert/testing/models.h>
+#include <wrapcert/wrapcert.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+namespace wrapcert {
+namespace {
+
+using testing::ChainImpl;
+using ::testing::ElementsAre;
+
+/// A module with a parameter, a buffer and a child, in that registration order.
+ModulePtr mixed() {
+  auto root = std::make_shared<ChainImpl>();
+  root->register_parameter("p", torch::zeros({1}));
+  root->register_buffer("running", torch::zeros({1}));
+  auto child = std::make_shared<ChainImpl>();
+  child->register_buffer("inv_freq", torch::ones({2}));
+  child->register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(2, 2).bias(false)));
+  root->register_module("child", child);
+  root->register_parameter("q", torch::zeros({1}));
+  return root;
+}
+
+TEST(StateDict, FollowsPyTorchOrderAndSkipsUndefinedTensors) {
+  EXPECT_THAT(keys(state_dict(mixed())),
+              ElementsAre("p", "q", "running", "child.inv_freq", "child.fc.weight"));
+}
+
+TEST(StateDict, LeavesOutNonPersistentBuffers) {
+  auto root = mixed();
+  auto child = root->named_children()["child"];
+  mark_non_persistent(child, "inv_freq");
+  EXPECT_THAT(keys(state_dict(root)), ElementsAre("p", "q", "running", "child.fc.weight"));
+  EXPECT_EQ(child->named_buffers().size(), 1u) << "the buffer itself stays registered";
+  try {
+    mark_non_persistent(child, "nope");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnknownKey);
+  }
+}
+
+TEST(ModuleView, ListsEveryPathOfASharedModule) {
+  auto shared = torch::nn::Linear(1, 1);
+  auto root = std::make_shared<ChainImpl>();
+  root->register_module("a", shared);
+  root->register_module("b", shared);
+  const auto view = ModuleView::of(root);
+  EXPECT_EQ(view.size(), 2u);
+  EXPECT_THAT(view.module_paths(), ElementsAre("", "a", "b"));
+}
+
+TEST(ModuleView, ReportsWhatIsStillWrapped) {
+  auto root = std::make_shared<ChainImpl>();
+  root->register_module("fc", torch::nn::Linear(1, 1));
+  root->register_module("norm", std::make_shared<testing::UserModuleImpl>("module", 1));
+  auto wrapped = wrap(root, "fc", "DataParallel");
+  EXPECT_THAT(keys(wrapped_state(ModuleView::of(wrapped))),
+              ElementsAre("fc.module.weight", "fc.module.bias"));
+  EXPECT_TRUE(wrapped_state(unwrap_reference(wrapped)).is_empty());
+}
+
+}  // namespace
+}  // namespace wrapcert

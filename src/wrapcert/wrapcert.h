@@ -1,0 +1,16 @@
+#pragma once
+/// Everything in `wrapcert::core`, for users who prefer one include.
+///
+///   #include <wrapcert/wrapcert.h>
+///   auto view = wrapcert::unwrap_reference(wrapped_model);
+///   std::cout << view;
+
+#include <wrapcert/error.h>
+#include <wrapcert/keys.h>
+#include <wrapcert/layer.h>
+#include <wrapcert/printer.h>
+#include <wrapcert/registry.h>
+#include <wrapcert/unwrap.h>
+#include <wrapcert/view.h>
+#include <wrapcert/wrap.h>
+#include <wrapcert/wrappers.h>
