@@ -22,8 +22,7 @@ std::vector<std::string> subject_keys(Subject subject, const ModulePtr& wrapped)
 /// The thread's `compare_state_dict_keys`: `zip` stops at the shorter list.
 bool zip_compare(const std::vector<std::string>& a, const std::vector<std::string>& b) {
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (a[i] != b[i])
-      return false;
+    if (a[i] != b[i]) return false;
   }
   return true;
 }

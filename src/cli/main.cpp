@@ -48,8 +48,7 @@ int run_demo(const DemoOptions& o) {
     const auto left = wrapcert::wrapped_state(view);
     std::cout << "  " << wrapcert::to_string(subject) << ": " << left.size() << " of "
               << view.state_dict().size() << " (model has " << total << ")";
-    if (!left.is_empty())
-      std::cout << ", e.g. " << left.begin()->key();
+    if (!left.is_empty()) std::cout << ", e.g. " << left.begin()->key();
     std::cout << "\n";
   }
   return 0;

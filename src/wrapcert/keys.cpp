@@ -47,16 +47,14 @@ const std::string& KeyTranslator::to_wrapped(std::string_view clean_key) const {
 StateDict KeyTranslator::to_clean(const StateDict& state) const {
   StateDict out;
   out.reserve(state.size());
-  for (const auto& item : state)
-    out.insert(to_clean(item.key()), item.value());
+  for (const auto& item : state) out.insert(to_clean(item.key()), item.value());
   return out;
 }
 
 StateDict KeyTranslator::to_wrapped(const StateDict& state) const {
   StateDict out;
   out.reserve(state.size());
-  for (const auto& item : state)
-    out.insert(to_wrapped(item.key()), item.value());
+  for (const auto& item : state) out.insert(to_wrapped(item.key()), item.value());
   return out;
 }
 
@@ -70,10 +68,8 @@ bool removes_whole_components(std::string_view wrapped, std::string_view clean) 
   while (!clean.empty()) {
     const auto want = next(clean);
     bool found = false;
-    while (!wrapped.empty() && !found)
-      found = next(wrapped) == want;
-    if (!found)
-      return false;
+    while (!wrapped.empty() && !found) found = next(wrapped) == want;
+    if (!found) return false;
   }
   return true;
 }

@@ -48,15 +48,13 @@ torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& in
 }
 
 torch::Tensor call(torch::nn::Module& module, const torch::Tensor& input) {
-  if (auto* layer = dynamic_cast<Layer*>(&module))
-    return layer->forward(input);
+  if (auto* layer = dynamic_cast<Layer*>(&module)) return layer->forward(input);
   ForwardFn fn;
   {
     auto& t = table();
     std::lock_guard<std::mutex> lock(t.mutex);
     auto it = t.fns.find(typeid(module));
-    if (it != t.fns.end())
-      fn = it->second;
+    if (it != t.fns.end()) fn = it->second;
   }
   if (!fn) {
     throw Error(ErrorCode::kNotForwardable, "",

@@ -17,8 +17,7 @@ std::string add_indent(const std::string& text, size_t spaces) {
   const std::string pad(spaces, ' ');
   for (char c : text) {
     out += c;
-    if (c == '\n')
-      out += pad;
+    if (c == '\n') out += pad;
   }
   return out;
 }
@@ -31,8 +30,7 @@ std::string python_repr(const torch::nn::Module& module,
   std::vector<std::string> extra_lines;
   if (!extra.empty()) {
     std::istringstream lines(extra);
-    for (std::string line; std::getline(lines, line);)
-      extra_lines.push_back(line);
+    for (std::string line; std::getline(lines, line);) extra_lines.push_back(line);
   }
   const std::string type = detail::python_type_name(module);
   std::vector<std::string> child_lines;
@@ -60,8 +58,7 @@ std::string python_repr(const torch::nn::Module& module,
     out += extra_lines.front();
   } else if (!extra_lines.empty() || !child_lines.empty()) {
     for (const auto* lines : {&extra_lines, &child_lines}) {
-      for (const auto& line : *lines)
-        out += "\n  " + line;
+      for (const auto& line : *lines) out += "\n  " + line;
     }
     out += "\n";
   }
@@ -103,13 +100,11 @@ std::string format_tree(const ModuleView& view, const PrintOptions& options) {
         ready = false;
       }
     }
-    if (!ready)
-      continue;
+    if (!ready) continue;
     stack.pop_back();
     std::vector<std::pair<std::string, const std::string*>> children;
     children.reserve(node.children.size());
-    for (const auto& edge : node.children)
-      children.emplace_back(edge.name, &*repr[edge.node]);
+    for (const auto& edge : node.children) children.emplace_back(edge.name, &*repr[edge.node]);
     repr[index] = options.style == PrintStyle::kPython
                       ? python_repr(*node.module, children, options.compress_repeated)
                       : libtorch_repr(*node.module, children);
@@ -123,8 +118,7 @@ std::string format_tree(const ModulePtr& module, const PrintOptions& options) {
 
 std::string format_keys(const StateDict& state) {
   size_t width = 0;
-  for (const auto& item : state)
-    width = std::max(width, item.key().size());
+  for (const auto& item : state) width = std::max(width, item.key().size());
   std::unordered_map<const void*, size_t> storage_ids;
   std::ostringstream out;
   for (const auto& item : state) {
@@ -132,8 +126,7 @@ std::string format_keys(const StateDict& state) {
     const void* storage = t.storage().unsafeGetStorageImpl();
     const size_t id = storage_ids.emplace(storage, storage_ids.size()).first->second;
     out << item.key() << std::string(width - item.key().size() + 2, ' ') << "[";
-    for (int64_t d = 0; d < t.dim(); ++d)
-      out << (d ? ", " : "") << t.size(d);
+    for (int64_t d = 0; d < t.dim(); ++d) out << (d ? ", " : "") << t.size(d);
     out << "]  " << detail::python_dtype_name(t.scalar_type()) << "  #" << id << "\n";
   }
   return out.str();

@@ -22,8 +22,7 @@ namespace nn = torch::nn;
 /// Mirrors, in LibTorch, a module printed by PyTorch 2.x (see kPythonPrintout).
 ModulePtr sample() {
   nn::ModuleList list;
-  for (int i = 0; i < 3; ++i)
-    list->push_back(nn::Linear(nn::LinearOptions(8, 8).bias(false)));
+  for (int i = 0; i < 3; ++i) list->push_back(nn::Linear(nn::LinearOptions(8, 8).bias(false)));
   list->push_back(nn::Dropout(0.1));
   nn::ModuleList outer(nn::Linear(4, 8), nn::ReLU(), nn::LayerNorm(nn::LayerNormOptions({8})));
   outer->push_back(list);
@@ -91,11 +90,9 @@ std::string listing_line(const std::string& listing, const std::string& key) {
     std::istringstream words(line);
     std::string first, word, collapsed;
     words >> first;
-    if (first != key)
-      continue;
+    if (first != key) continue;
     collapsed = first;
-    while (words >> word)
-      collapsed += " " + word;
+    while (words >> word) collapsed += " " + word;
     return collapsed;
   }
   return "<no line for " + key + ">";

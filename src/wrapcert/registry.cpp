@@ -74,8 +74,7 @@ const WrapperKind& Registry::at(std::string_view name) const {
 std::vector<std::string> Registry::names() const {
   std::vector<std::string> names;
   names.reserve(kinds_.size());
-  for (const auto& kind : kinds_)
-    names.push_back(kind.name);
+  for (const auto& kind : kinds_) names.push_back(kind.name);
   return names;
 }
 

@@ -15,17 +15,13 @@ constexpr int kPythonRecursionLimit = 1000;
 /// Python's `getattr(m, "module", None)` on the real wrappers' classes.
 ModulePtr module_attribute(ModulePtr m, const Registry& registry, const std::string& path) {
   for (int hops = 0; hops < kPythonRecursionLimit; ++hops) {
-    if (auto child = find_child(*m, "module"))
-      return child;
+    if (auto child = find_child(*m, "module")) return child;
     const WrapperKind* kind = registry.find(*m);
-    if (!kind)
-      return nullptr;
+    if (!kind) return nullptr;
     for (const auto& alias : kind->aliases) {
-      if (alias == "module")
-        return kind->inner_of(*m, path);
+      if (alias == "module") return kind->inner_of(*m, path);
     }
-    if (!kind->forwards_attributes)
-      return nullptr;
+    if (!kind->forwards_attributes) return nullptr;
     m = kind->inner_of(*m, path);  // `__getattr__` falls through to the inner module
   }
   throw Error(ErrorCode::kRecursionLimit, path,
@@ -66,8 +62,7 @@ std::string_view to_string(Subject subject) {
 
 Subject subject_from_string(std::string_view name) {
   for (Subject s : all_subjects()) {
-    if (to_string(s) == name)
-      return s;
+    if (to_string(s) == name) return s;
   }
   throw Error(
       ErrorCode::kInvalidArgument, "",
@@ -79,24 +74,30 @@ std::vector<Subject> all_subjects() {
 }
 
 ModulePtr unwrap_legacy(const ModulePtr& root, const Registry& registry) {
-  if (!root)
-    throw Error(ErrorCode::kInvalidArgument, "", "cannot unwrap a null module");
+  if (!root) throw Error(ErrorCode::kInvalidArgument, "", "cannot unwrap a null module");
   ModulePtr module = root;
   std::unordered_set<const torch::nn::Module*> seen;
-  std::string path;
+  std::vector<const std::string*> slots;  // spelled out only for an error: no quadratic paths
+  auto path = [&slots] {
+    std::string out;
+    for (const auto* slot : slots) out = join_path(out, *slot);
+    return out;
+  };
   while (const WrapperKind* kind = registry.find(*module)) {
     if (!seen.insert(module.get()).second) {
-      throw Error(ErrorCode::kCycle, path, kind->name + " is its own ancestor");
+      throw Error(ErrorCode::kCycle, path(), kind->name + " is its own ancestor");
     }
-    module = kind->inner_of(*module, path);
-    path = join_path(path, kind->slot);
+    auto inner = kind->inner ? kind->inner(*module) : find_child(*module, kind->slot);
+    if (!inner)
+      throw Error(ErrorCode::kEmptySlot, path(), kind->name + " has no module in its slot");
+    slots.push_back(&kind->slot);
+    module = std::move(inner);
   }
   return module;
 }
 
 ModulePtr unwrap_duck_typed(const ModulePtr& root, const Registry& registry) {
-  if (!root)
-    throw Error(ErrorCode::kInvalidArgument, "", "cannot unwrap a null module");
+  if (!root) throw Error(ErrorCode::kInvalidArgument, "", "cannot unwrap a null module");
   return duck_unwrap(root, registry, 1, "");
 }
 
@@ -131,8 +132,7 @@ ScopedUnwrap::ScopedUnwrap(const ModulePtr& root, const Registry& registry) {
     for (size_t i = 0; i < view.size(); ++i) {
       const auto& node = view.node(i);
       for (const auto& edge : node.children) {
-        if (edge.via.empty())
-          continue;
+        if (edge.via.empty()) continue;
         auto original = find_child(*node.module, edge.name);
         replace_child(*node.module, edge.name, view.node(edge.node).module);
         rewires_.push_back(Rewire{node.module, edge.name, std::move(original)});

@@ -25,8 +25,7 @@ std::vector<std::shared_ptr<WrapperImpl>> wrappers_in(const ModulePtr& root) {
   std::vector<std::shared_ptr<WrapperImpl>> out;
   auto view = ModuleView::of(root);
   for (size_t i = 0; i < view.size(); ++i) {
-    if (auto w = std::dynamic_pointer_cast<WrapperImpl>(view.node(i).module))
-      out.push_back(w);
+    if (auto w = std::dynamic_pointer_cast<WrapperImpl>(view.node(i).module)) out.push_back(w);
   }
   return out;
 }
@@ -75,11 +74,9 @@ TEST(UnwrapReference, DoesNotMutateTheWrappedModel) {
   EXPECT_EQ(keys_of(state_dict(wrapped)), keys_before);
   auto wrappers = wrappers_in(wrapped);
   ASSERT_EQ(wrappers.size(), 8u);
-  for (auto& w : wrappers)
-    w->reset_calls();
+  for (auto& w : wrappers) w->reset_calls();
   EXPECT_TRUE(call(*wrapped, tokens()).equal(out_before));
-  for (auto& w : wrappers)
-    EXPECT_EQ(w->calls(), 1) << w->kind_name();
+  for (auto& w : wrappers) EXPECT_EQ(w->calls(), 1) << w->kind_name();
 }
 
 TEST(UnwrapReference, IsIdentityOnUnwrappedModelAndIdempotent) {
@@ -137,8 +134,7 @@ TEST(UnwrapReference, HandlesATenThousandDeepChain) {
   ModulePtr m = torch::nn::Linear(2, 2).ptr();
   auto leaf = m;
   const auto& kinds = Registry::global().kinds();
-  for (int i = 0; i < 10000; ++i)
-    m = kinds[i % kinds.size()].make(m);
+  for (int i = 0; i < 10000; ++i) m = kinds[i % kinds.size()].make(m);
   const auto view = unwrap_reference(m);
   EXPECT_EQ(view.root().module, leaf);
   EXPECT_THAT(keys_of(view.state_dict()), ElementsAre("weight", "bias"));
@@ -176,7 +172,7 @@ TEST(UnwrapReference, RejectsEmptySlotAndUndeclaredWrapperState) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kEmptySlot);
-    EXPECT_EQ(e.key_path(), "w");
+    EXPECT_EQ(e.key_path(), "w.inner");  // the slot that is empty
   }
 }
 
@@ -227,20 +223,17 @@ TEST(UnwrapDuckTyped, MutatesTheLiveModel) {
   EXPECT_EQ(result, model);
   EXPECT_EQ(keys_of(state_dict(result)), keys_of(state_dict(make_demo_model())));
   // The wrapped model lost its per-layer wrappers: training on it runs unsharded (hazard 3).
-  for (auto& w : wrappers)
-    w->reset_calls();
+  for (auto& w : wrappers) w->reset_calls();
   (void)call(*wrapped, tokens());
   int layer_wrapper_calls = 0;
-  for (auto& w : wrappers)
-    layer_wrapper_calls += w.get() != wrapped.get() ? w->calls() : 0;
+  for (auto& w : wrappers) layer_wrapper_calls += w.get() != wrapped.get() ? w->calls() : 0;
   EXPECT_EQ(layer_wrapper_calls, 0);
   EXPECT_EQ(wrappers_in(wrapped).size(), 1u);
 }
 
 TEST(UnwrapDuckTyped, StopsAtPythonsRecursionLimit) {
   ModulePtr m = torch::nn::Linear(2, 2).ptr();
-  for (int i = 0; i < 1500; ++i)
-    m = std::make_shared<DataParallelImpl>(m);
+  for (int i = 0; i < 1500; ++i) m = std::make_shared<DataParallelImpl>(m);
   try {
     (void)unwrap_duck_typed(m);
     FAIL();
@@ -250,8 +243,7 @@ TEST(UnwrapDuckTyped, StopsAtPythonsRecursionLimit) {
 }
 
 TEST(Subject, RoundTripsThroughItsName) {
-  for (auto s : all_subjects())
-    EXPECT_EQ(subject_from_string(to_string(s)), s);
+  for (auto s : all_subjects()) EXPECT_EQ(subject_from_string(to_string(s)), s);
   EXPECT_THROW(subject_from_string("recursive"), Error);
 }
 
@@ -268,19 +260,15 @@ TEST(ScopedUnwrap, RunsThroughNoWrapperAndRestoresExactly) {
     EXPECT_EQ(scope.root(), model);
     EXPECT_EQ(scope.rewired(), 5u);  // embed, lm_head, two layers, one mlp
     EXPECT_EQ(format_tree(scope.root()), format_tree(make_demo_model()));
-    for (auto& w : wrappers)
-      w->reset_calls();
+    for (auto& w : wrappers) w->reset_calls();
     EXPECT_TRUE(call(*scope.root(), tokens()).equal(expected));
-    for (auto& w : wrappers)
-      EXPECT_EQ(w->calls(), 0) << w->kind_name();
+    for (auto& w : wrappers) EXPECT_EQ(w->calls(), 0) << w->kind_name();
   }
 
   EXPECT_EQ(format_tree(wrapped), tree_before);
-  for (auto& w : wrappers)
-    w->reset_calls();
+  for (auto& w : wrappers) w->reset_calls();
   EXPECT_TRUE(call(*wrapped, tokens()).equal(expected));
-  for (auto& w : wrappers)
-    EXPECT_EQ(w->calls(), 1) << w->kind_name();
+  for (auto& w : wrappers) EXPECT_EQ(w->calls(), 1) << w->kind_name();
 }
 
 TEST(ScopedUnwrap, RestoresWhenLeftByException) {

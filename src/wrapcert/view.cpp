@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace wrapcert {
@@ -12,34 +13,23 @@ namespace {
 
 using detail::join_path;
 
+struct StrayState {
+  std::string name;  ///< the parameter, buffer or child outside the slot
+  std::string what;  ///< "parameter", "buffer" or "child"
+};
+
 /// A wrapper of a kind that declares no state of its own must hold nothing but its slot.
-void check_wrapper_state(const torch::nn::Module& wrapper, const WrapperKind& kind,
-                         const std::string& path) {
-  if (kind.owns_state)
-    return;
+std::optional<StrayState> stray_state(const torch::nn::Module& wrapper, const WrapperKind& kind) {
   for (const auto& item : wrapper.named_parameters(/*recurse=*/false)) {
-    if (!item.value().defined())
-      continue;
-    throw Error(ErrorCode::kWrapperState, join_path(path, item.key()),
-                kind.name +
-                    " holds a parameter outside its slot, and its kind does not declare "
-                    "state of its own");
+    if (item.value().defined()) return StrayState{item.key(), "parameter"};
   }
   for (const auto& item : wrapper.named_buffers(/*recurse=*/false)) {
-    if (!item.value().defined())
-      continue;
-    throw Error(ErrorCode::kWrapperState, join_path(path, item.key()),
-                kind.name +
-                    " holds a buffer outside its slot, and its kind does not declare "
-                    "state of its own");
+    if (item.value().defined()) return StrayState{item.key(), "buffer"};
   }
   for (const auto& item : wrapper.named_children()) {
-    if (item.key() == kind.slot)
-      continue;
-    throw Error(ErrorCode::kWrapperState, join_path(path, item.key()),
-                kind.name + " holds a child outside its slot '" + kind.slot +
-                    "', and its kind does not declare state of its own");
+    if (item.key() != kind.slot) return StrayState{item.key(), "child"};
   }
+  return std::nullopt;
 }
 
 struct NonPersistentTable {
@@ -63,12 +53,11 @@ ModuleView ModuleView::of(const ModulePtr& root) {
 }
 
 ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_through) {
-  if (!root)
-    throw Error(ErrorCode::kInvalidArgument, "", "cannot view a null module");
+  if (!root) throw Error(ErrorCode::kInvalidArgument, "", "cannot view a null module");
   ModuleView view;
   struct Frame {
     size_t node;
-    std::string path;  // the wrapped (physical) path of this node's module
+    size_t edge;  // index of the edge into this node within its parent's children (not root)
     torch::OrderedDict<std::string, ModulePtr> children;
     size_t next = 0;
     std::vector<const torch::nn::Module*> marked;  // on-path entries this frame owns
@@ -78,68 +67,85 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   // Modules on the current path (with their wrappers) -> depth of the frame they belong to.
   std::unordered_map<const torch::nn::Module*, size_t> on_path;
 
-  // Follows wrappers from `module` at `path`; extends `via`, `marked` and `path`.
-  auto resolve = [&](ModulePtr module, std::string& path, std::vector<std::string>& via,
+  // Paths are spelled out only for error messages: building one per node would make a deep
+  // chain quadratic. `depth` frames, then `edge` (a pending edge from the top frame, or null).
+  auto path_of = [&](size_t depth, const Edge* edge) {
+    std::string path;
+    auto append = [&path](const Edge& e) {
+      path = join_path(path, e.name);
+      for (const auto& slot : e.via) path = join_path(path, slot);
+    };
+    for (const auto& slot : view.root_via_) path = join_path(path, slot);
+    for (size_t i = 1; i < depth; ++i) {
+      append(view.nodes_[stack[i - 1].node].children[stack[i].edge]);
+    }
+    if (edge) append(*edge);
+    return path;
+  };
+  // Follows wrappers from `module` along `edge` (null for the root), extending its `via`.
+  auto resolve = [&](ModulePtr module, Edge* edge, std::vector<std::string>& via,
                      std::vector<const torch::nn::Module*>& marked) {
     while (true) {
       if (auto it = on_path.find(module.get()); it != on_path.end()) {
-        const std::string& ancestor = it->second < stack.size() ? stack[it->second].path : path;
-        throw Error(ErrorCode::kCycle, path,
+        const auto ancestor = path_of(std::min(it->second + 1, stack.size()), nullptr);
+        throw Error(ErrorCode::kCycle, path_of(stack.size(), edge),
                     detail::python_type_name(*module) + " is its own ancestor (already at '" +
                         (ancestor.empty() ? "<root>" : ancestor) + "')");
       }
       const WrapperKind* kind = see_through ? see_through(*module) : nullptr;
-      if (!kind)
-        return module;
-      check_wrapper_state(*module, *kind, path);
+      if (!kind) return module;
+      if (auto stray = kind->owns_state ? std::nullopt : stray_state(*module, *kind)) {
+        throw Error(ErrorCode::kWrapperState, join_path(path_of(stack.size(), edge), stray->name),
+                    kind->name + " holds a " + stray->what + " outside its slot '" + kind->slot +
+                        "', and its kind does not declare state of its own");
+      }
       on_path.emplace(module.get(), stack.size());
       marked.push_back(module.get());
+      auto inner = kind->inner ? kind->inner(*module) : find_child(*module, kind->slot);
       via.push_back(kind->slot);
-      module = kind->inner_of(*module, path);
-      path = join_path(path, kind->slot);
+      if (!inner) {
+        throw Error(ErrorCode::kEmptySlot, path_of(stack.size(), edge),
+                    kind->name + " has no module in its slot");
+      }
+      module = std::move(inner);
     }
   };
-  auto push = [&](ModulePtr module, std::string path,
-                  std::vector<const torch::nn::Module*> marked) {
+  auto push = [&](ModulePtr module, size_t edge, std::vector<const torch::nn::Module*> marked) {
     const size_t node = view.nodes_.size();
     index.emplace(module.get(), node);
     on_path.emplace(module.get(), stack.size());
     marked.push_back(module.get());
     auto children = module->named_children();
     view.nodes_.push_back(Node{std::move(module), {}});
-    stack.push_back(Frame{node, std::move(path), std::move(children), 0, std::move(marked)});
+    stack.push_back(Frame{node, edge, std::move(children), 0, std::move(marked)});
   };
 
   {
-    std::string path;
     std::vector<const torch::nn::Module*> marked;
-    auto module = resolve(root, path, view.root_via_, marked);
-    push(std::move(module), std::move(path), std::move(marked));
+    auto module = resolve(root, nullptr, view.root_via_, marked);
+    push(std::move(module), 0, std::move(marked));
   }
   while (!stack.empty()) {
     Frame& frame = stack.back();
     if (frame.next == frame.children.size()) {
-      for (const auto* m : frame.marked)
-        on_path.erase(m);
+      for (const auto* m : frame.marked) on_path.erase(m);
       stack.pop_back();
       continue;
     }
     const auto& item = frame.children[frame.next++];
-    const size_t parent = frame.node;
-    std::string path = join_path(frame.path, item.key());
-    Edge edge{item.key(), 0, {}};
+    auto& edges = view.nodes_[frame.node].children;
+    edges.push_back(Edge{item.key(), 0, {}});
+    const size_t edge_index = edges.size() - 1;
     std::vector<const torch::nn::Module*> marked;
-    auto module = resolve(item.value(), path, edge.via, marked);
+    Edge& edge = edges.back();
+    auto module = resolve(item.value(), &edge, edge.via, marked);
     if (auto it = index.find(module.get()); it != index.end()) {
-      for (const auto* m : marked)
-        on_path.erase(m);  // shared: already viewed elsewhere
+      for (const auto* m : marked) on_path.erase(m);  // shared: already viewed elsewhere
       edge.node = it->second;
-      view.nodes_[parent].children.push_back(std::move(edge));
       continue;
     }
     edge.node = view.nodes_.size();
-    view.nodes_[parent].children.push_back(std::move(edge));
-    push(std::move(module), std::move(path), std::move(marked));  // invalidates `frame`
+    push(std::move(module), edge_index, std::move(marked));  // invalidates `frame`, `edge`
   }
   return view;
 }
@@ -152,8 +158,7 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
     bool through;
   };
   std::string root_prefix;
-  for (const auto& slot : root_via_)
-    root_prefix += slot + ".";
+  for (const auto& slot : root_via_) root_prefix += slot + ".";
   std::vector<Item> stack{{0, "", root_prefix, false}};
   while (!stack.empty()) {
     Item item = std::move(stack.back());
@@ -162,19 +167,16 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
     const torch::nn::Module& module = *node.module;
     const bool through = item.through || (is_wrapper && is_wrapper(module) != nullptr);
     for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-      if (!p.value().defined())
-        continue;
+      if (!p.value().defined()) continue;
       fn(item.clean_prefix + p.key(), item.wrapped_prefix + p.key(), p.value(), through);
     }
     for (const auto& b : module.named_buffers(/*recurse=*/false)) {
-      if (!b.value().defined() || !is_persistent(module, b.key()))
-        continue;
+      if (!b.value().defined() || !is_persistent(module, b.key())) continue;
       fn(item.clean_prefix + b.key(), item.wrapped_prefix + b.key(), b.value(), through);
     }
     for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
       std::string wrapped = item.wrapped_prefix + it->name + ".";
-      for (const auto& slot : it->via)
-        wrapped += slot + ".";
+      for (const auto& slot : it->via) wrapped += slot + ".";
       stack.push_back(
           Item{it->node, item.clean_prefix + it->name + ".", std::move(wrapped), through});
     }
@@ -191,8 +193,7 @@ StateDict ModuleView::state_through(const SeeThrough& is_wrapper) const {
   StateDict state;
   walk_state(is_wrapper, [&state](const std::string& key, const std::string&,
                                   const torch::Tensor& t, bool through) {
-    if (through)
-      state.insert(key, t);
+    if (through) state.insert(key, t);
   });
   return state;
 }
@@ -229,8 +230,7 @@ std::vector<std::string> keys(const StateDict& state) {
 }
 
 void mark_non_persistent(const ModulePtr& module, const std::string& buffer) {
-  if (!module)
-    throw Error(ErrorCode::kInvalidArgument, buffer, "null module");
+  if (!module) throw Error(ErrorCode::kInvalidArgument, buffer, "null module");
   if (module->named_buffers(/*recurse=*/false).find(buffer) == nullptr) {
     throw Error(ErrorCode::kUnknownKey, buffer,
                 detail::python_type_name(*module) + " has no buffer named '" + buffer + "'");
@@ -238,8 +238,7 @@ void mark_non_persistent(const ModulePtr& module, const std::string& buffer) {
   auto& table = non_persistent();
   std::lock_guard<std::mutex> lock(table.mutex);
   auto& entry = table.entries[module.get()];
-  if (entry.owner.expired())
-    entry = {module, {}};  // a dead module's address was reused
+  if (entry.owner.expired()) entry = {module, {}};  // a dead module's address was reused
   entry.buffers.push_back(buffer);
 }
 
@@ -247,8 +246,7 @@ bool is_persistent(const torch::nn::Module& module, const std::string& buffer) {
   auto& table = non_persistent();
   std::lock_guard<std::mutex> lock(table.mutex);
   auto it = table.entries.find(&module);
-  if (it == table.entries.end())
-    return true;
+  if (it == table.entries.end()) return true;
   if (it->second.owner.expired()) {
     table.entries.erase(it);
     return true;

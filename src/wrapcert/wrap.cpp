@@ -20,8 +20,7 @@ using detail::join_path;
 
 std::pair<std::string_view, std::string> split_last(std::string_view path) {
   const auto dot = path.rfind('.');
-  if (dot == std::string_view::npos)
-    return {"", std::string(path)};
+  if (dot == std::string_view::npos) return {"", std::string(path)};
   return {path.substr(0, dot), std::string(path.substr(dot + 1))};
 }
 
@@ -29,8 +28,7 @@ std::pair<std::string_view, std::string> split_last(std::string_view path) {
 size_t list_index(const torch::nn::Module& parent, const std::string& name) {
   size_t i = 0;
   for (const auto& item : parent.named_children()) {
-    if (item.key() == name)
-      return i;
+    if (item.key() == name) return i;
     ++i;
   }
   throw Error(ErrorCode::kUnknownPath, name, "no child named '" + name + "'");
@@ -49,8 +47,7 @@ bool try_any(const ModulePtr& module, torch::nn::AnyModule& out) {
 torch::nn::AnyModule any_module(const ModulePtr& module, const std::string& name) {
   torch::nn::AnyModule any;
 #define WRAPCERT_TRY_ANY(Impl) || try_any<Impl>(module, any)
-  if (try_any<Layer>(module, any) WRAPCERT_FOR_EACH_BUILTIN_MODULE(WRAPCERT_TRY_ANY))
-    return any;
+  if (try_any<Layer>(module, any) WRAPCERT_FOR_EACH_BUILTIN_MODULE(WRAPCERT_TRY_ANY)) return any;
 #undef WRAPCERT_TRY_ANY
   throw Error(ErrorCode::kInvalidArgument, name,
               "a Sequential element can only be replaced by a wrapcert::Layer or a LibTorch "
@@ -61,8 +58,7 @@ torch::nn::AnyModule any_module(const ModulePtr& module, const std::string& name
 }  // namespace
 
 ModulePtr module_at(const ModulePtr& root, std::string_view path) {
-  if (!root)
-    throw Error(ErrorCode::kInvalidArgument, std::string(path), "null root module");
+  if (!root) throw Error(ErrorCode::kInvalidArgument, std::string(path), "null root module");
   ModulePtr current = root;
   std::string walked;
   size_t start = 0;
@@ -84,8 +80,7 @@ ModulePtr module_at(const ModulePtr& root, std::string_view path) {
 
 void replace_child(torch::nn::Module& parent, const std::string& name, ModulePtr child) {
   const auto current = find_child(parent, name);
-  if (current == child)
-    return;  // like Python's setattr with the same object
+  if (current == child) return;  // like Python's setattr with the same object
   if (!current) {
     throw Error(ErrorCode::kUnknownPath, name,
                 "Submodule '" + name + "' is not defined in " + detail::python_type_name(parent));
@@ -109,8 +104,7 @@ ModulePtr wrap(const ModulePtr& root, std::string_view path, const WrapperKind& 
                 "wrapper kind '" + kind.name + "' has no constructor (`make`)");
   }
   auto wrapper = kind.make(target);
-  if (path.empty())
-    return wrapper;
+  if (path.empty()) return wrapper;
   auto [parent_path, name] = split_last(path);
   replace_child(*module_at(root, parent_path), name, std::move(wrapper));
   return root;
@@ -128,8 +122,7 @@ ModulePtr auto_wrap(const ModulePtr& root, const std::vector<std::string>& type_
   std::vector<std::string> targets;
   auto view = ModuleView::of(root);  // rejects cycles; one entry per path
   for (const auto& path : view.module_paths()) {
-    if (path.empty())
-      continue;
+    if (path.empty()) continue;
     const auto name = detail::python_type_name(*module_at(root, path));
     if (wanted.count(name)) {
       seen.insert(name);
@@ -143,8 +136,7 @@ ModulePtr auto_wrap(const ModulePtr& root, const std::vector<std::string>& type_
     }
   }
   // Deepest first (reverse pre-order), so wrapping one target does not move another's path.
-  for (auto it = targets.rbegin(); it != targets.rend(); ++it)
-    wrap(root, *it, kind);
+  for (auto it = targets.rbegin(); it != targets.rend(); ++it) wrap(root, *it, kind);
   return options.wrap_root ? wrap(root, "", kind) : root;
 }
 

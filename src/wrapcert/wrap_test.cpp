@@ -45,8 +45,7 @@ TEST(Wrap, PutsAModuleListElementOnTheForwardPath) {
   int wrapper_calls = 0;
   for (const auto& m : *list) {  // iterates the list's own copy
     (void)call(*m, torch::ones({1, 2}));
-    if (auto w = as_wrapper(m))
-      wrapper_calls += static_cast<int>(w->calls());
+    if (auto w = as_wrapper(m)) wrapper_calls += static_cast<int>(w->calls());
   }
   EXPECT_EQ(wrapper_calls, 1);
   EXPECT_EQ(list->ptr(1), list->named_children()["1"]);
@@ -87,13 +86,11 @@ TEST(AutoWrap, WrapsEveryLayerAndTheRootAndAllRun) {
   auto view = ModuleView::of(wrapped);
   std::vector<std::shared_ptr<WrapperImpl>> wrappers;
   for (size_t i = 0; i < view.size(); ++i) {
-    if (auto w = as_wrapper(view.node(i).module))
-      wrappers.push_back(w);
+    if (auto w = as_wrapper(view.node(i).module)) wrappers.push_back(w);
   }
   ASSERT_EQ(wrappers.size(), 5u);
   (void)call(*wrapped, torch::tensor({{1, 2}}, torch::kLong));
-  for (const auto& w : wrappers)
-    EXPECT_EQ(w->calls(), 1);
+  for (const auto& w : wrappers) EXPECT_EQ(w->calls(), 1);
 }
 
 TEST(AutoWrap, RejectsAClassNameThatMatchesNothing) {

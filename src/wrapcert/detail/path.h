@@ -8,8 +8,7 @@ namespace wrapcert::detail {
 
 inline std::string join_path(std::string_view prefix, std::string_view name) {
   std::string out(prefix);
-  if (!out.empty())
-    out += '.';
+  if (!out.empty()) out += '.';
   out += name;
   return out;
 }

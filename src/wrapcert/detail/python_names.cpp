@@ -34,10 +34,8 @@ std::string inplace_repr(bool inplace) {
 std::string short_type_name(const torch::nn::Module& module) {
   std::string name = c10::demangle(typeid(module).name());
   // Drop template arguments, then namespaces: `ns::FooImpl<...>` -> `FooImpl`.
-  if (auto angle = name.find('<'); angle != std::string::npos)
-    name.erase(angle);
-  if (auto colon = name.rfind("::"); colon != std::string::npos)
-    name.erase(0, colon + 2);
+  if (auto angle = name.find('<'); angle != std::string::npos) name.erase(angle);
+  if (auto colon = name.rfind("::"); colon != std::string::npos) name.erase(0, colon + 2);
   constexpr std::string_view kImpl = "Impl";
   if (name.size() > kImpl.size() &&
       name.compare(name.size() - kImpl.size(), kImpl.size(), kImpl.data()) == 0) {
@@ -47,16 +45,14 @@ std::string short_type_name(const torch::nn::Module& module) {
 }
 
 std::string python_type_name(const torch::nn::Module& module) {
-  if (const auto* layer = dynamic_cast<const Layer*>(&module))
-    return layer->python_name();
+  if (const auto* layer = dynamic_cast<const Layer*>(&module)) return layer->python_name();
   return short_type_name(module);
 }
 
 std::string python_extra_repr(const torch::nn::Module& module) {
   using namespace torch::nn;  // NOLINT(google-build-using-namespace): local to this lookup
   std::ostringstream out;
-  if (const auto* layer = dynamic_cast<const Layer*>(&module))
-    return layer->extra_repr();
+  if (const auto* layer = dynamic_cast<const Layer*>(&module)) return layer->extra_repr();
   if (const auto* m = dynamic_cast<const LinearImpl*>(&module)) {
     out << "in_features=" << m->options.in_features()
         << ", out_features=" << m->options.out_features()
@@ -64,21 +60,15 @@ std::string python_extra_repr(const torch::nn::Module& module) {
   } else if (const auto* m = dynamic_cast<const EmbeddingImpl*>(&module)) {
     const auto& o = m->options;
     out << o.num_embeddings() << ", " << o.embedding_dim();
-    if (o.padding_idx())
-      out << ", padding_idx=" << *o.padding_idx();
-    if (o.max_norm())
-      out << ", max_norm=" << python_float_repr(*o.max_norm());
-    if (o.norm_type() != 2.0)
-      out << ", norm_type=" << python_float_repr(o.norm_type());
-    if (o.scale_grad_by_freq())
-      out << ", scale_grad_by_freq=True";
-    if (o.sparse())
-      out << ", sparse=True";
+    if (o.padding_idx()) out << ", padding_idx=" << *o.padding_idx();
+    if (o.max_norm()) out << ", max_norm=" << python_float_repr(*o.max_norm());
+    if (o.norm_type() != 2.0) out << ", norm_type=" << python_float_repr(o.norm_type());
+    if (o.scale_grad_by_freq()) out << ", scale_grad_by_freq=True";
+    if (o.sparse()) out << ", sparse=True";
   } else if (const auto* m = dynamic_cast<const LayerNormImpl*>(&module)) {
     const auto& shape = m->options.normalized_shape();
     out << "(";
-    for (size_t i = 0; i < shape.size(); ++i)
-      out << (i ? ", " : "") << shape[i];
+    for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
     out << (shape.size() == 1 ? ",)" : ")") << ", eps=" << python_float_repr(m->options.eps())
         << ", elementwise_affine=" << py_bool(m->options.elementwise_affine());
   } else if (const auto* m = dynamic_cast<const DropoutImpl*>(&module)) {
@@ -93,16 +83,13 @@ std::string python_extra_repr(const torch::nn::Module& module) {
 }
 
 std::string python_float_repr(double value) {
-  if (std::isnan(value))
-    return "nan";
-  if (std::isinf(value))
-    return value > 0 ? "inf" : "-inf";
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
   char buf[64];
   auto res = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
   std::string sci(buf, res.ptr);  // e.g. "-1.2345e-05"
   const bool negative = sci[0] == '-';
-  if (negative)
-    sci.erase(0, 1);
+  if (negative) sci.erase(0, 1);
   const auto e = sci.find('e');
   std::string digits = sci.substr(0, e);
   digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
@@ -119,8 +106,7 @@ std::string python_float_repr(double value) {
     }
   } else {
     out += digits.substr(0, 1);
-    if (digits.size() > 1)
-      out += "." + digits.substr(1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
     char exp_buf[16];
     std::snprintf(exp_buf, sizeof(exp_buf), "e%c%02d", exponent < 0 ? '-' : '+',
                   std::abs(exponent));

@@ -16,8 +16,7 @@ torch::Tensor UserModuleImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor ChainImpl::forward(const torch::Tensor& x) {
   auto h = x;
-  for (const auto& item : named_children())
-    h = call(*item.value(), h);
+  for (const auto& item : named_children()) h = call(*item.value(), h);
   return h;
 }
 
@@ -26,12 +25,10 @@ std::vector<std::string> keys_of(const StateDict& state) {
 }
 
 bool same_tensors(const StateDict& a, const StateDict& b) {
-  if (a.size() != b.size())
-    return false;
+  if (a.size() != b.size()) return false;
   for (const auto& item : a) {
     const auto* other = b.find(item.key());
-    if (!other || !other->is_same(item.value()))
-      return false;
+    if (!other || !other->is_same(item.value())) return false;
   }
   return true;
 }

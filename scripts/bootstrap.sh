@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian 12, as root), then configures and builds wrapcert.
+# Used by scripts/main.sh and scripts/test.sh; safe to run again.
+#   BUILD_DIR  build folder (default: build)
+#   WRAPCERT_CMAKE_ARGS  extra arguments for the configure step
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+
+packages=(
+  g++ cmake ninja-build ccache
+  libtorch-dev libgloo-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
+  nlohmann-json3-dev libcli11-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "wrapcert: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "wrapcert: missing packages need root (run as root, or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# shellcheck disable=SC2086  # WRAPCERT_CMAKE_ARGS is a list of arguments
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${WRAPCERT_CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"
