@@ -3,6 +3,7 @@
 # Used by scripts/main.sh and scripts/test.sh; safe to run again.
 #   BUILD_DIR  build folder (default: build)
 #   WRAPCERT_CMAKE_ARGS  extra arguments for the configure step
+#   WRAPCERT_NO_APT=1    install nothing (e.g. with your own LibTorch via CMAKE_PREFIX_PATH)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
+if [ ${#missing[@]} -gt 0 ] && [ "${WRAPCERT_NO_APT:-0}" != 1 ]; then
   echo "wrapcert: installing ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
     echo "wrapcert: missing packages need root (run as root, or: sudo apt-get install ${missing[*]})" >&2
