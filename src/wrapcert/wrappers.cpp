@@ -34,7 +34,10 @@ WrapperKind builtin_kind() {
 void register_builtin_wrappers(Registry& registry) {
   registry.add(builtin_kind<detail::DataParallelTag>());
   registry.add(builtin_kind<detail::DistributedDataParallelTag>());
-  registry.add(builtin_kind<detail::FullyShardedDataParallelTag>());
+  auto fsdp = builtin_kind<detail::FullyShardedDataParallelTag>();
+  fsdp.aliases = {"module"};        // FullyShardedDataParallel.module property
+  fsdp.forwards_attributes = true;  // and __getattr__ falls through to the wrapped module
+  registry.add(std::move(fsdp));
   auto fsdp_v2 = builtin_kind<detail::SpmdFullyShardedDataParallelTag>();
   fsdp_v2.aliases = {"module"};  // torch_xla: `module` is a property aliasing `_orig_module`
   registry.add(std::move(fsdp_v2));
@@ -44,7 +47,9 @@ void register_builtin_wrappers(Registry& registry) {
   auto checkpoint = builtin_kind<detail::CheckpointWrapperTag>();
   checkpoint.forwards_attributes = true;  // ActivationWrapper.__getattr__ does the same
   registry.add(std::move(checkpoint));
-  registry.add(builtin_kind<detail::DeepSpeedEngineTag>());
+  auto deepspeed = builtin_kind<detail::DeepSpeedEngineTag>();
+  deepspeed.forwards_attributes = true;  // DeepSpeedEngine.__getattr__ looks in self.module
+  registry.add(std::move(deepspeed));
 }
 
 }  // namespace wrapcert
