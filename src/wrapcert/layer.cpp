@@ -1,3 +1,4 @@
+#include <wrapcert/checkpoint.h>
 #include <wrapcert/detail/builtin_modules.h>
 #include <wrapcert/detail/python_names.h>
 #include <wrapcert/error.h>
@@ -48,6 +49,11 @@ torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& in
 }
 
 torch::Tensor call(torch::nn::Module& module, const torch::Tensor& input) {
+  if (is_checkpointed(module)) return checkpointed_call(module, input);
+  return detail::call_direct(module, input);
+}
+
+torch::Tensor detail::call_direct(torch::nn::Module& module, const torch::Tensor& input) {
   if (auto* layer = dynamic_cast<Layer*>(&module)) return layer->forward(input);
   ForwardFn fn;
   {

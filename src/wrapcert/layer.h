@@ -40,8 +40,14 @@ class Layer : public torch::nn::Module {
 
 /// Runs `module.forward(input)` for a `Layer`, a LibTorch built-in (`Linear`, `Embedding`,
 /// `LayerNorm`, `Sequential`, activations, `Identity`, `Dropout`) or a type registered with
-/// `register_forward`. Throws `Error` (kNotForwardable) for any other type.
+/// `register_forward`. Throws `Error` (kNotForwardable) for any other type. A module marked by
+/// `checkpoint_in_place` runs checkpointed.
 torch::Tensor call(torch::nn::Module& module, const torch::Tensor& input);
+
+namespace detail {
+/// `call` without the checkpointing check (what a checkpointed run calls inside).
+torch::Tensor call_direct(torch::nn::Module& module, const torch::Tensor& input);
+}  // namespace detail
 
 using ForwardFn = std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&)>;
 

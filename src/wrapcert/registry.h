@@ -23,13 +23,17 @@ namespace wrapcert {
 /// What property P4 may expect when a model runs through this wrapper.
 enum class Numerics {
   kBitwise,        ///< outputs and gradients equal the unwrapped module's bit for bit
-  kTolerance,      ///< equal within a stated tolerance
-  kNotEquivalent,  ///< the wrapped run differs by design (compare against the original model)
+  kTolerance,      ///< equal within `WrapperKind::tolerance`
+  kChangesOutput,  ///< the wrapped run differs by design; compare the unwrapped to the original
+  kNeedsRelease,   ///< the inner module does not compute until released (flat parameters)
 };
 
 using ModulePtr = std::shared_ptr<torch::nn::Module>;
 
 struct WrapperKind {
+  WrapperKind(std::string name, std::type_index type, std::string slot)
+      : name(std::move(name)), type(type), slot(std::move(slot)) {}
+
   /// The class name as PyTorch prints it (`SpmdFullyShardedDataParallel`).
   std::string name;
   /// The wrapper's C++ type; a module is of this kind iff `typeid(module) == type`.
@@ -43,6 +47,8 @@ struct WrapperKind {
   /// The wrapper holds parameters, buffers or children of its own besides the slot.
   bool owns_state = false;
   Numerics numerics = Numerics::kBitwise;
+  /// Relative and absolute tolerance when `numerics` is `kTolerance`.
+  double tolerance = 0.0;
   /// Builds a wrapper of this kind around `inner`.
   std::function<ModulePtr(ModulePtr inner)> make;
   /// The inner module, without changing anything. Default: the child registered at `slot`.
@@ -55,8 +61,7 @@ struct WrapperKind {
 /// A descriptor for wrapper type `W`, constructible from the inner module, with defaults.
 template <typename W>
 WrapperKind wrapper_kind(std::string name, std::string slot) {
-  WrapperKind kind{std::move(name), typeid(W),          std::move(slot), {},     false,
-                   false,           Numerics::kBitwise, nullptr,         nullptr};
+  WrapperKind kind(std::move(name), typeid(W), std::move(slot));
   kind.make = [](ModulePtr inner) -> ModulePtr { return std::make_shared<W>(std::move(inner)); };
   return kind;
 }

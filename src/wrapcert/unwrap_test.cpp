@@ -155,15 +155,7 @@ TEST(UnwrapReference, RejectsEmptySlotAndUndeclaredWrapperState) {
 
   Registry registry = Registry::with_builtins();
   struct HollowImpl : ChainImpl {};
-  registry.add(WrapperKind{"Hollow",
-                           typeid(HollowImpl),
-                           "inner",
-                           {},
-                           false,
-                           false,
-                           Numerics::kBitwise,
-                           nullptr,
-                           nullptr});
+  registry.add(WrapperKind("Hollow", typeid(HollowImpl), "inner"));
   auto empty = std::make_shared<HollowImpl>();
   auto root = std::make_shared<ChainImpl>();
   root->register_module("w", empty);

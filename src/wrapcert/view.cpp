@@ -1,10 +1,10 @@
+#include <wrapcert/detail/marks.h>
 #include <wrapcert/detail/path.h>
 #include <wrapcert/detail/python_names.h>
 #include <wrapcert/error.h>
 #include <wrapcert/view.h>
 
 #include <algorithm>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -32,18 +32,8 @@ std::optional<StrayState> stray_state(const torch::nn::Module& wrapper, const Wr
   return std::nullopt;
 }
 
-struct NonPersistentTable {
-  struct Entry {
-    std::weak_ptr<torch::nn::Module> owner;
-    std::vector<std::string> buffers;
-  };
-  std::mutex mutex;
-  std::unordered_map<const torch::nn::Module*, Entry> entries;
-};
-
-NonPersistentTable& non_persistent() {
-  static auto* table = new NonPersistentTable;  // never destroyed
-  return *table;
+std::string non_persistent_mark(const std::string& buffer) {
+  return "non-persistent:" + buffer;
 }
 
 }  // namespace
@@ -235,24 +225,11 @@ void mark_non_persistent(const ModulePtr& module, const std::string& buffer) {
     throw Error(ErrorCode::kUnknownKey, buffer,
                 detail::python_type_name(*module) + " has no buffer named '" + buffer + "'");
   }
-  auto& table = non_persistent();
-  std::lock_guard<std::mutex> lock(table.mutex);
-  auto& entry = table.entries[module.get()];
-  if (entry.owner.expired()) entry = {module, {}};  // a dead module's address was reused
-  entry.buffers.push_back(buffer);
+  detail::add_mark(module, non_persistent_mark(buffer));
 }
 
 bool is_persistent(const torch::nn::Module& module, const std::string& buffer) {
-  auto& table = non_persistent();
-  std::lock_guard<std::mutex> lock(table.mutex);
-  auto it = table.entries.find(&module);
-  if (it == table.entries.end()) return true;
-  if (it->second.owner.expired()) {
-    table.entries.erase(it);
-    return true;
-  }
-  const auto& buffers = it->second.buffers;
-  return std::find(buffers.begin(), buffers.end(), buffer) == buffers.end();
+  return !detail::has_mark(module, non_persistent_mark(buffer));
 }
 
 }  // namespace wrapcert

@@ -5,10 +5,13 @@
 ///   auto view = wrapcert::unwrap_reference(wrapped_model);
 ///   std::cout << view;
 
+#include <wrapcert/checkpoint.h>
+#include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
 #include <wrapcert/keys.h>
 #include <wrapcert/layer.h>
 #include <wrapcert/printer.h>
+#include <wrapcert/recipes.h>
 #include <wrapcert/registry.h>
 #include <wrapcert/unwrap.h>
 #include <wrapcert/view.h>

@@ -1,3 +1,5 @@
+#include <wrapcert/checkpoint.h>
+#include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
 #include <wrapcert/wrappers.h>
 
@@ -21,35 +23,82 @@ ModulePtr WrapperImpl::inner() const {
 
 torch::Tensor WrapperImpl::forward(const torch::Tensor& input) {
   ++calls_;
+  return run(input);
+}
+
+torch::Tensor WrapperImpl::run(const torch::Tensor& input) {
   return call(*inner(), input);
+}
+
+CheckpointWrapperImpl::CheckpointWrapperImpl(ModulePtr inner)
+    : WrapperImpl("CheckpointWrapper", "_checkpoint_wrapped_module", std::move(inner)) {}
+
+torch::Tensor CheckpointWrapperImpl::run(const torch::Tensor& input) {
+  return checkpointed_call(*inner(), input);
+}
+
+SpmdFullyShardedDataParallelImpl::SpmdFullyShardedDataParallelImpl(ModulePtr inner,
+                                                                   ShardOutput shard_output)
+    : WrapperImpl("SpmdFullyShardedDataParallel", "_orig_module", std::move(inner)),
+      shard_output_(std::move(shard_output)) {}
+
+torch::Tensor SpmdFullyShardedDataParallelImpl::run(const torch::Tensor& input) {
+  auto output = call(*inner(), input);
+  if (shard_output_) shard_output_(output);
+  return output;
+}
+
+Fp32OutputWrapperImpl::Fp32OutputWrapperImpl(ModulePtr inner)
+    : WrapperImpl("Fp32OutputWrapper", "module", std::move(inner)) {}
+
+torch::Tensor Fp32OutputWrapperImpl::run(const torch::Tensor& input) {
+  return call(*inner(), input).to(torch::kFloat);
+}
+
+FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(ModulePtr inner)
+    : WrapperImpl("FullyShardedDataParallel", "_fsdp_wrapped_module", std::move(inner)) {}
+
+ModulePtr FullyShardedDataParallelImpl::module() const {
+  auto wrapped = inner();
+  if (auto checkpoint = std::dynamic_pointer_cast<CheckpointWrapperImpl>(wrapped)) {
+    return checkpoint->inner();
+  }
+  return wrapped;
 }
 
 namespace {
 template <typename Tag>
-WrapperKind builtin_kind() {
-  return wrapper_kind<detail::BuiltinWrapperImpl<Tag>>(Tag::kName, Tag::kSlot);
+WrapperKind pass_through_kind() {
+  return wrapper_kind<detail::PassThroughWrapperImpl<Tag>>(Tag::kName, Tag::kSlot);
 }
 }  // namespace
 
 void register_builtin_wrappers(Registry& registry) {
-  registry.add(builtin_kind<detail::DataParallelTag>());
-  registry.add(builtin_kind<detail::DistributedDataParallelTag>());
-  auto fsdp = builtin_kind<detail::FullyShardedDataParallelTag>();
+  registry.add(pass_through_kind<detail::DataParallelTag>());
+  registry.add(distributed_data_parallel_kind());
+  auto fsdp = wrapper_kind<FullyShardedDataParallelImpl>("FullyShardedDataParallel",
+                                                         "_fsdp_wrapped_module");
   fsdp.aliases = {"module"};        // FullyShardedDataParallel.module property
   fsdp.forwards_attributes = true;  // and __getattr__ falls through to the wrapped module
   registry.add(std::move(fsdp));
-  auto fsdp_v2 = builtin_kind<detail::SpmdFullyShardedDataParallelTag>();
+  auto fsdp_v2 = wrapper_kind<SpmdFullyShardedDataParallelImpl>("SpmdFullyShardedDataParallel",
+                                                                "_orig_module");
   fsdp_v2.aliases = {"module"};  // torch_xla: `module` is a property aliasing `_orig_module`
+  fsdp_v2.forwards_attributes = true;
   registry.add(std::move(fsdp_v2));
-  auto compiled = builtin_kind<detail::OptimizedModuleTag>();
+  auto compiled = pass_through_kind<detail::OptimizedModuleTag>();
   compiled.forwards_attributes = true;  // OptimizedModule.__getattr__ falls through to _orig_mod
   registry.add(std::move(compiled));
-  auto checkpoint = builtin_kind<detail::CheckpointWrapperTag>();
+  auto checkpoint =
+      wrapper_kind<CheckpointWrapperImpl>("CheckpointWrapper", "_checkpoint_wrapped_module");
   checkpoint.forwards_attributes = true;  // ActivationWrapper.__getattr__ does the same
   registry.add(std::move(checkpoint));
-  auto deepspeed = builtin_kind<detail::DeepSpeedEngineTag>();
+  auto deepspeed = pass_through_kind<detail::DeepSpeedEngineTag>();
   deepspeed.forwards_attributes = true;  // DeepSpeedEngine.__getattr__ looks in self.module
   registry.add(std::move(deepspeed));
+  auto fp32 = wrapper_kind<Fp32OutputWrapperImpl>("Fp32OutputWrapper", "module");
+  fp32.numerics = Numerics::kChangesOutput;
+  registry.add(std::move(fp32));
 }
 
 }  // namespace wrapcert

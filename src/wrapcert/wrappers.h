@@ -22,7 +22,8 @@ class WrapperImpl : public Layer {
  public:
   WrapperImpl(std::string kind_name, std::string slot, ModulePtr inner);
 
-  torch::Tensor forward(const torch::Tensor& input) override;
+  /// Counts the call, then `run`s it.
+  torch::Tensor forward(const torch::Tensor& input) final;
 
   /// The module at the slot; throws `Error` (kEmptySlot) when there is none.
   ModulePtr inner() const;
@@ -34,6 +35,10 @@ class WrapperImpl : public Layer {
 
   std::string python_name() const override { return kind_name_; }
 
+ protected:
+  /// What the wrapper does with a call; by default, calls the inner module.
+  virtual torch::Tensor run(const torch::Tensor& input);
+
  private:
   std::string kind_name_;
   std::string slot_;
@@ -41,41 +46,74 @@ class WrapperImpl : public Layer {
 };
 
 namespace detail {
-/// One distinct C++ type per built-in kind, so that recognition by type tells them apart.
+/// One distinct C++ type per pass-through kind, so that recognition by type tells them apart.
 template <typename Tag>
-class BuiltinWrapperImpl final : public WrapperImpl {
+class PassThroughWrapperImpl final : public WrapperImpl {
  public:
-  explicit BuiltinWrapperImpl(ModulePtr inner)
+  explicit PassThroughWrapperImpl(ModulePtr inner)
       : WrapperImpl(Tag::kName, Tag::kSlot, std::move(inner)) {}
 };
 
 // clang-format off
 struct DataParallelTag { static constexpr const char* kName = "DataParallel"; static constexpr const char* kSlot = "module"; };
-struct DistributedDataParallelTag { static constexpr const char* kName = "DistributedDataParallel"; static constexpr const char* kSlot = "module"; };
-struct FullyShardedDataParallelTag { static constexpr const char* kName = "FullyShardedDataParallel"; static constexpr const char* kSlot = "_fsdp_wrapped_module"; };
-struct SpmdFullyShardedDataParallelTag { static constexpr const char* kName = "SpmdFullyShardedDataParallel"; static constexpr const char* kSlot = "_orig_module"; };
 struct OptimizedModuleTag { static constexpr const char* kName = "OptimizedModule"; static constexpr const char* kSlot = "_orig_mod"; };
-struct CheckpointWrapperTag { static constexpr const char* kName = "CheckpointWrapper"; static constexpr const char* kSlot = "_checkpoint_wrapped_module"; };
 struct DeepSpeedEngineTag { static constexpr const char* kName = "DeepSpeedEngine"; static constexpr const char* kSlot = "module"; };
 // clang-format on
 }  // namespace detail
 
-/// `torch.nn.DataParallel` (`module`).
-using DataParallelImpl = detail::BuiltinWrapperImpl<detail::DataParallelTag>;
-/// `torch.nn.parallel.DistributedDataParallel` (`module`).
-using DistributedDataParallelImpl = detail::BuiltinWrapperImpl<detail::DistributedDataParallelTag>;
+/// `torch.nn.DataParallel` (`module`): on the CPU, a pass-through.
+using DataParallelImpl = detail::PassThroughWrapperImpl<detail::DataParallelTag>;
+/// What `torch.compile` returns (`_orig_mod`): holds the original and forwards to it, and
+/// forwards attribute access (its descriptor says so). Real compilation does not change keys.
+using OptimizedModuleImpl = detail::PassThroughWrapperImpl<detail::OptimizedModuleTag>;
+/// DeepSpeed's engine (`module`; forwards attribute access).
+using DeepSpeedEngineImpl = detail::PassThroughWrapperImpl<detail::DeepSpeedEngineTag>;
+
+/// torch's activation `CheckpointWrapper` (`_checkpoint_wrapped_module`): runs the inner module
+/// without keeping activations; backward recomputes them.
+class CheckpointWrapperImpl final : public WrapperImpl {
+ public:
+  explicit CheckpointWrapperImpl(ModulePtr inner);
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override;
+};
+
+/// torch_xla's `SpmdFullyShardedDataParallel` (`_orig_module`, alias `module`), the seed's
+/// wrapper. `shard_output`, when given, is called on every forward output (torch_xla marks its
+/// sharding there).
+class SpmdFullyShardedDataParallelImpl final : public WrapperImpl {
+ public:
+  using ShardOutput = std::function<void(const torch::Tensor& output)>;
+  explicit SpmdFullyShardedDataParallelImpl(ModulePtr inner, ShardOutput shard_output = nullptr);
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override;
+
+ private:
+  ShardOutput shard_output_;
+};
+
+/// accelerate's fp32-output conversion (`convert_outputs_to_fp32`), as a module level (`module`)
+/// so it can be recognised: outputs come back as float32. The wrapped run differs from the
+/// inner module's by design (`Numerics::kChangesOutput`).
+class Fp32OutputWrapperImpl final : public WrapperImpl {
+ public:
+  explicit Fp32OutputWrapperImpl(ModulePtr inner);
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override;
+};
+
 /// `torch.distributed.fsdp.FullyShardedDataParallel` (`_fsdp_wrapped_module`).
-using FullyShardedDataParallelImpl =
-    detail::BuiltinWrapperImpl<detail::FullyShardedDataParallelTag>;
-/// torch_xla's `SpmdFullyShardedDataParallel` (`_orig_module`, alias `module`).
-using SpmdFullyShardedDataParallelImpl =
-    detail::BuiltinWrapperImpl<detail::SpmdFullyShardedDataParallelTag>;
-/// What `torch.compile` returns (`_orig_mod`; forwards attribute access).
-using OptimizedModuleImpl = detail::BuiltinWrapperImpl<detail::OptimizedModuleTag>;
-/// torch's activation `CheckpointWrapper` (`_checkpoint_wrapped_module`).
-using CheckpointWrapperImpl = detail::BuiltinWrapperImpl<detail::CheckpointWrapperTag>;
-/// DeepSpeed's engine (`module`).
-using DeepSpeedEngineImpl = detail::BuiltinWrapperImpl<detail::DeepSpeedEngineTag>;
+class FullyShardedDataParallelImpl final : public WrapperImpl {
+ public:
+  explicit FullyShardedDataParallelImpl(ModulePtr inner);
+
+  /// The real `FullyShardedDataParallel.module`: the wrapped module, skipping a
+  /// `CheckpointWrapper` directly under it.
+  ModulePtr module() const;
+};
 
 /// Adds the built-in kinds to `registry`.
 void register_builtin_wrappers(Registry& registry);

@@ -1,0 +1,22 @@
+#pragma once
+/// Tags on live modules that LibTorch has no field for (a non-persistent buffer, a module
+/// checkpointed in place). Keyed by address, guarded by a weak pointer, so a tag never outlives
+/// its module nor carries over to a new module at a reused address.
+///
+///   detail::add_mark(module, "checkpointed");
+///   if (detail::has_mark(*module, "checkpointed")) ...
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace wrapcert::detail {
+
+void add_mark(const std::shared_ptr<torch::nn::Module>& module, std::string mark);
+void remove_mark(const torch::nn::Module& module, std::string_view mark);
+/// Cheap when no module carries any mark.
+bool has_mark(const torch::nn::Module& module, std::string_view mark);
+
+}  // namespace wrapcert::detail
