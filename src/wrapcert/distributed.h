@@ -37,9 +37,9 @@ class ProcessGroup {
 };
 
 /// `torch.nn.parallel.DistributedDataParallel` (`module`). A forward through the wrapper arms a
-/// gradient hook on every parameter of the inner module (installed on the first forward); in the backward that follows, each
-/// gradient is all-reduced and divided by the world size. A run of the inner module alone is
-/// not reduced (the real reducer only acts after a DDP forward).
+/// gradient hook on every parameter of the inner module (installed on the first forward); in the
+/// backward that follows, each gradient is all-reduced and divided by the world size. A run of the
+/// inner module alone is not reduced (the real reducer only acts after a DDP forward).
 class DistributedDataParallelImpl final : public WrapperImpl {
  public:
   /// Without a group, uses `ProcessGroup::single_process()`.

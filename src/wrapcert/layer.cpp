@@ -1,5 +1,6 @@
 #include <wrapcert/checkpoint.h>
 #include <wrapcert/detail/builtin_modules.h>
+#include <wrapcert/detail/marks.h>
 #include <wrapcert/detail/python_names.h>
 #include <wrapcert/error.h>
 #include <wrapcert/layer.h>
@@ -37,6 +38,21 @@ ForwardTable& table() {
 
 std::string Layer::python_name() const {
   return detail::short_type_name(*this);
+}
+
+torch::Tensor Layer::parameter(const std::string& name) const {
+  const auto params = named_parameters(/*recurse=*/false);
+  if (const auto* found = params.find(name)) return *found;
+  for (const auto& held : detail::held_parameters(*this)) {
+    if (held.first == name) {
+      throw Error(ErrorCode::kWrapperState, name,
+                  "parameter '" + name + "' of " + python_name() +
+                      " is held by a flat-parameter wrapper; run through the wrapper or release "
+                      "it first");
+    }
+  }
+  throw Error(ErrorCode::kUnknownKey, name,
+              python_name() + " has no parameter named '" + name + "'");
 }
 
 torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& input) {
@@ -96,6 +112,20 @@ void tie_parameter(torch::nn::Module& owner, const std::string& name, const torc
                 detail::python_type_name(owner) + " has no parameter named '" + name + "'");
   }
   *slot = tensor;
+}
+
+void detail::erase_parameter(torch::nn::Module& owner, const std::string& name) {
+  ParameterAccess::of(owner).erase(name);
+}
+
+void detail::insert_parameter(torch::nn::Module& owner, const std::string& name,
+                              const torch::Tensor& tensor) {
+  auto& params = ParameterAccess::of(owner);
+  if (auto* slot = params.find(name)) {
+    *slot = tensor;
+  } else {
+    params.insert(name, tensor);
+  }
 }
 
 }  // namespace wrapcert

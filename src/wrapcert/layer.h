@@ -34,6 +34,10 @@ class Layer : public torch::nn::Module {
   virtual std::string extra_repr() const { return {}; }
 
  protected:
+  /// The parameter registered as `name` now (a flattening wrapper may have put a view there).
+  /// Throws `Error`: kWrapperState when a flat-parameter wrapper holds it (release the wrapper
+  /// first), kUnknownKey when there is none.
+  torch::Tensor parameter(const std::string& name) const;
   /// Runs the child registered as `name` (whatever module is there now, wrapper or not).
   torch::Tensor call_child(const std::string& name, const torch::Tensor& input);
 };
@@ -70,5 +74,13 @@ namespace wrapcert {
 /// public way to replace a registered parameter; assigning a member holder does not do it.
 /// Throws `Error` (kUnknownKey) if `owner` has no parameter `name`.
 void tie_parameter(torch::nn::Module& owner, const std::string& name, const torch::Tensor& tensor);
+
+namespace detail {
+/// Removes a registered parameter (no-op if absent): what flattening wrappers need.
+void erase_parameter(torch::nn::Module& owner, const std::string& name);
+/// Registers `tensor` as parameter `name`, replacing one of that name, else appending.
+void insert_parameter(torch::nn::Module& owner, const std::string& name,
+                      const torch::Tensor& tensor);
+}  // namespace detail
 
 }  // namespace wrapcert

@@ -18,8 +18,13 @@ ModulePtr fsdp_v2_recipe(const ModulePtr& model, const std::vector<std::string>&
   return std::make_shared<SpmdFullyShardedDataParallelImpl>(wrapped, options.shard_output);
 }
 
-ModulePtr fsdp_v1_auto_wrap(const ModulePtr& model, const std::vector<std::string>& layer_classes) {
-  return auto_wrap(model, layer_classes, "FullyShardedDataParallel");
+ModulePtr fsdp_v1_auto_wrap(const ModulePtr& model, const std::vector<std::string>& layer_classes,
+                            FsdpOptions options) {
+  WrapperKind kind = Registry::global().at("FullyShardedDataParallel");
+  kind.make = [options](ModulePtr inner) -> ModulePtr {
+    return std::make_shared<FullyShardedDataParallelImpl>(std::move(inner), options);
+  };
+  return auto_wrap(model, layer_classes, kind);
 }
 
 ModulePtr ddp(const ModulePtr& model, std::shared_ptr<ProcessGroup> group) {

@@ -28,8 +28,10 @@ ModulePtr fsdp_v2_recipe(const ModulePtr& model, const std::vector<std::string>&
                          const FsdpV2RecipeOptions& options = {});
 
 /// torch FSDP's `transformer_auto_wrap_policy`: `FullyShardedDataParallel` around every module
-/// of the given classes and around the root.
-ModulePtr fsdp_v1_auto_wrap(const ModulePtr& model, const std::vector<std::string>& layer_classes);
+/// of the given classes and around the root (deepest first, so with flat parameters each layer
+/// flattens its own and the root the rest).
+ModulePtr fsdp_v1_auto_wrap(const ModulePtr& model, const std::vector<std::string>& layer_classes,
+                            FsdpOptions options = {});
 
 /// `DistributedDataParallel` at the root (a world-size-1 group when none is given).
 ModulePtr ddp(const ModulePtr& model, std::shared_ptr<ProcessGroup> group = nullptr);

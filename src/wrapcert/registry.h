@@ -53,6 +53,9 @@ struct WrapperKind {
   std::function<ModulePtr(ModulePtr inner)> make;
   /// The inner module, without changing anything. Default: the child registered at `slot`.
   std::function<ModulePtr(const torch::nn::Module& wrapper)> inner;
+  /// Gives the inner module back its own state (flat parameters restored) and returns it; for
+  /// kinds that own state. Null: nothing to release.
+  std::function<ModulePtr(torch::nn::Module& wrapper)> release;
 
   /// Resolves `inner`, throwing `Error` (kEmptySlot) with `path` when the slot is empty.
   ModulePtr inner_of(const torch::nn::Module& wrapper, const std::string& path) const;

@@ -45,6 +45,7 @@ ModuleView ModuleView::of(const ModulePtr& root) {
 ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_through) {
   if (!root) throw Error(ErrorCode::kInvalidArgument, "", "cannot view a null module");
   ModuleView view;
+  view.show_held_ = static_cast<bool>(see_through);
   struct Frame {
     size_t node;
     size_t edge;  // index of the edge into this node within its parent's children (not root)
@@ -159,6 +160,11 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
     for (const auto& p : module.named_parameters(/*recurse=*/false)) {
       if (!p.value().defined()) continue;
       fn(item.clean_prefix + p.key(), item.wrapped_prefix + p.key(), p.value(), through);
+    }
+    if (show_held_) {
+      for (const auto& [name, tensor] : detail::held_parameters(module)) {
+        fn(item.clean_prefix + name, item.wrapped_prefix + name, tensor, through);
+      }
     }
     for (const auto& b : module.named_buffers(/*recurse=*/false)) {
       if (!b.value().defined() || !is_persistent(module, b.key())) continue;

@@ -70,6 +70,7 @@ class ModuleView {
 
   std::vector<Node> nodes_;
   std::vector<std::string> root_via_;
+  bool show_held_ = false;  // a view through wrappers shows what flattening wrappers hold
 };
 
 /// The state dict of a module tree as it is (wrappers included).

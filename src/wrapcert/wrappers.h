@@ -105,14 +105,45 @@ class Fp32OutputWrapperImpl final : public WrapperImpl {
   torch::Tensor run(const torch::Tensor& input) override;
 };
 
-/// `torch.distributed.fsdp.FullyShardedDataParallel` (`_fsdp_wrapped_module`).
+struct FsdpOptions {
+  /// `use_orig_params=False`: the wrapper owns one flat parameter (`_flat_param`) and the inner
+  /// modules' parameters leave their registries (keys show the flat parameter, not the
+  /// originals); a forward through the wrapper runs them on views of it.
+  bool flat_parameters = false;
+};
+
+/// `torch.distributed.fsdp.FullyShardedDataParallel` (`_fsdp_wrapped_module`). With flat
+/// parameters it covers the parameters of its subtree except those under a nested
+/// `FullyShardedDataParallel`; the inner modules must read parameters through their registry
+/// (`wrapcert::Layer`s and the fixtures do; LibTorch's `Linear` reads a member and does not).
 class FullyShardedDataParallelImpl final : public WrapperImpl {
  public:
-  explicit FullyShardedDataParallelImpl(ModulePtr inner);
+  explicit FullyShardedDataParallelImpl(ModulePtr inner, FsdpOptions options = {});
 
   /// The real `FullyShardedDataParallel.module`: the wrapped module, skipping a
   /// `CheckpointWrapper` directly under it.
   ModulePtr module() const;
+
+  /// Holds a flat parameter now (flat mode, not yet released).
+  bool flat() const { return !slots_.empty(); }
+  /// Gives every inner module its original parameters back, the very tensors it had, holding
+  /// the flat parameter's current values; drops the flat parameter. Afterwards the wrapper
+  /// passes calls through. Returns the inner module. A no-op without a flat parameter.
+  ModulePtr release();
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override;
+
+ private:
+  struct Slot {
+    ModulePtr owner;
+    std::string name;
+    torch::Tensor original;
+    int64_t offset;  // into the flat parameter
+  };
+  void flatten();
+
+  std::vector<Slot> slots_;
 };
 
 /// Adds the built-in kinds to `registry`.

@@ -180,6 +180,103 @@ TEST(OptimizedModule, PartialCompileLeavesOrigModForTheDuckTypedSubject) {
   EXPECT_THAT(duck, ::testing::Contains("model.layers.0.mlp._orig_mod.up_proj.weight"));
 }
 
+// ---- flat parameters -----------------------------------------------------------------------
+
+/// tiny Mistral with its first decoder layer in a flat-parameter FSDP.
+std::pair<ModulePtr, std::shared_ptr<FullyShardedDataParallelImpl>> flat_wrapped(uint64_t seed) {
+  auto model = tiny(tiny_mistral(), seed);
+  FsdpOptions options;
+  options.flat_parameters = true;
+  auto fsdp =
+      std::make_shared<FullyShardedDataParallelImpl>(module_at(model, "model.layers.0"), options);
+  replace_child(*module_at(model, "model.layers"), "0", fsdp);
+  return {model, fsdp};
+}
+
+TEST(FullyShardedDataParallel, FlatParameterReplacesTheOriginalsInKeys) {
+  const auto original = state_dict(tiny(tiny_mistral(), 9));
+  auto [model, fsdp] = flat_wrapped(9);
+  ASSERT_TRUE(fsdp->flat());
+  const auto wrapped_keys = keys(state_dict(model));
+  EXPECT_EQ(wrapped_keys.size(), original.size() - 9 + 1);
+  EXPECT_EQ(wrapped_keys[1], "model.layers.0._flat_param");
+  for (const auto& key : wrapped_keys) {
+    EXPECT_EQ(key.find("layers.0._fsdp_wrapped_module"), std::string::npos) << key;
+  }
+  // The reference view shows the originals the wrapper holds, with their values (P1, P13).
+  const auto view = unwrap_reference(model).state_dict();
+  EXPECT_EQ(keys(view), keys(original));
+  for (const auto& item : original) EXPECT_TRUE(view[item.key()].equal(item.value())) << item.key();
+}
+
+TEST(FullyShardedDataParallel, FlatRunIsBitwiseEqualAndGradientsReachTheFlatParameter) {
+  auto plain = tiny(tiny_mistral(), 9);
+  auto [model, fsdp] = flat_wrapped(9);
+  EXPECT_TRUE(call(*model, tokens()).equal(call(*plain, tokens())));
+  call(*model, tokens()).pow(2).mean().backward();
+  call(*plain, tokens()).pow(2).mean().backward();
+  const auto flat_grad = fsdp->named_parameters()["_flat_param"].grad();
+  ASSERT_TRUE(flat_grad.defined());
+  std::vector<torch::Tensor> expected;
+  for (const auto& p : module_at(plain, "model.layers.0")->parameters()) {
+    expected.push_back(p.grad().reshape(-1));
+  }
+  EXPECT_TRUE(flat_grad.equal(torch::cat(expected)));
+}
+
+TEST(FullyShardedDataParallel, ReleaseRestoresTheVeryOriginalsWithCurrentValues) {
+  auto [model, fsdp] = flat_wrapped(9);
+  const auto held = unwrap_reference(model).state_dict();  // the original tensors
+  {
+    torch::NoGradGuard no_grad;
+    fsdp->named_parameters()["_flat_param"].add_(1.0);  // an optimizer step on the flat param
+  }
+  const auto inner = fsdp->release();
+  EXPECT_FALSE(fsdp->flat());
+  EXPECT_EQ(inner, module_at(model, "model.layers.0._fsdp_wrapped_module"));
+  const auto restored = unwrap_reference(model).state_dict();
+  EXPECT_EQ(keys(restored), keys(state_dict(tiny(tiny_mistral(), 9))));
+  const auto before = state_dict(tiny(tiny_mistral(), 9));
+  for (const auto& item : restored) {
+    EXPECT_TRUE(item.value().is_same(held[item.key()])) << item.key();  // P2: same tensors
+    const bool in_layer = item.key().rfind("model.layers.0.", 0) == 0;
+    const auto expected = in_layer ? before[item.key()] + 1.0 : before[item.key()];
+    EXPECT_TRUE(item.value().equal(expected)) << item.key();  // P13: the flat values
+  }
+  EXPECT_TRUE(wrapped_state(unwrap_reference(model)).is_empty());
+  EXPECT_EQ(keys(state_dict(model))[1],
+            "model.layers.0._fsdp_wrapped_module.self_attn.q_proj.weight");
+}
+
+TEST(FullyShardedDataParallel, UnreleasedFlatModuleRefusesToRunUnwrapped) {
+  // huggingface/transformers #39619, pytorch/pytorch #82461: forward on the unwrapped module.
+  auto [model, fsdp] = flat_wrapped(9);
+  ScopedUnwrap scope(model);
+  try {
+    (void)call(*scope.root(), tokens());
+    FAIL() << "ran on parameters it does not have";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kWrapperState);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("release"));
+  }
+}
+
+TEST(FullyShardedDataParallel, AutoWrapWithFlatParametersLeavesOnlyFlatKeys) {
+  const auto original = state_dict(tiny(tiny_gemma()));
+  FsdpOptions options;
+  options.flat_parameters = true;
+  auto wrapped = fsdp_v1_auto_wrap(tiny(tiny_gemma()), tiny_gemma().no_split_modules(), options);
+  // Each layer flattens its own; the root flattens the embedding, the final norm and the head.
+  EXPECT_THAT(
+      keys(state_dict(wrapped)),
+      ::testing::ElementsAre("_flat_param", "_fsdp_wrapped_module.model.layers.0._flat_param",
+                             "_fsdp_wrapped_module.model.layers.1._flat_param"));
+  const auto view = unwrap_reference(wrapped).state_dict();
+  EXPECT_EQ(keys(view), keys(original));
+  EXPECT_TRUE(view["lm_head.weight"].is_same(view["model.embed_tokens.weight"])) << "P3";
+  EXPECT_TRUE(call(*wrapped, tokens()).equal(call(*tiny(tiny_gemma()), tokens())));
+}
+
 // ---- DistributedDataParallel ----------------------------------------------------------------
 
 TEST(DistributedDataParallel, AveragesOverASingleProcessGroup) {

@@ -24,7 +24,46 @@ Marks& marks() {
   return *table;
 }
 
+struct Held {
+  struct Entry {
+    std::weak_ptr<torch::nn::Module> owner;
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+  };
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, Entry> entries;
+  std::atomic<size_t> count{0};
+};
+
+Held& held() {
+  static auto* table = new Held;  // never destroyed
+  return *table;
+}
+
 }  // namespace
+
+void hold_parameters(const std::shared_ptr<torch::nn::Module>& owner,
+                     std::vector<std::pair<std::string, torch::Tensor>> params) {
+  auto& t = held();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.entries[owner.get()] = {owner, std::move(params)};
+  t.count = t.entries.size();
+}
+
+void drop_held_parameters(const torch::nn::Module& owner) {
+  auto& t = held();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.entries.erase(&owner);
+  t.count = t.entries.size();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> held_parameters(const torch::nn::Module& owner) {
+  auto& t = held();
+  if (t.count.load(std::memory_order_relaxed) == 0) return {};
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.entries.find(&owner);
+  if (it == t.entries.end() || it->second.owner.expired()) return {};
+  return it->second.params;
+}
 
 void add_mark(const std::shared_ptr<torch::nn::Module>& module, std::string mark) {
   auto& t = marks();

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace wrapcert::detail {
 
@@ -18,5 +20,12 @@ void add_mark(const std::shared_ptr<torch::nn::Module>& module, std::string mark
 void remove_mark(const torch::nn::Module& module, std::string_view mark);
 /// Cheap when no module carries any mark.
 bool has_mark(const torch::nn::Module& module, std::string_view mark);
+
+/// Parameters a flattening wrapper took out of `owner`'s registry, in registration order: what
+/// the module holds once the wrapper releases it. Views that see through wrappers show them.
+void hold_parameters(const std::shared_ptr<torch::nn::Module>& owner,
+                     std::vector<std::pair<std::string, torch::Tensor>> params);
+void drop_held_parameters(const torch::nn::Module& owner);
+std::vector<std::pair<std::string, torch::Tensor>> held_parameters(const torch::nn::Module& owner);
 
 }  // namespace wrapcert::detail

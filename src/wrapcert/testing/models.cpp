@@ -11,7 +11,7 @@ UserModuleImpl::UserModuleImpl(const std::string& slot_name, int64_t dim) : slot
 }
 
 torch::Tensor UserModuleImpl::forward(const torch::Tensor& x) {
-  return call_child("extra", call_child(slot_name_, x)) * named_parameters(false)["scale"];
+  return call_child("extra", call_child(slot_name_, x)) * parameter("scale");
 }
 
 torch::Tensor ChainImpl::forward(const torch::Tensor& x) {
