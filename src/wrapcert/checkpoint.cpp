@@ -5,6 +5,8 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <unordered_set>
+
 namespace wrapcert {
 namespace {
 
@@ -62,9 +64,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 }  // namespace
 
 torch::Tensor checkpointed_call(torch::nn::Module& module, const torch::Tensor& input) {
+  // Each tensor once: LibTorch lists a shared submodule's (or a tied) parameter under every
+  // path, and a tensor passed twice would get its gradient twice.
   std::vector<torch::Tensor> params;
+  std::unordered_set<const void*> seen;
   for (const auto& p : module.parameters(/*recurse=*/true)) {
-    if (p.defined()) params.push_back(p);
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
   }
   return CheckpointFunction::apply(input, &module, at::TensorList(params));
 }

@@ -187,6 +187,10 @@ void register_builtin_wrappers(Registry& registry) {
   auto checkpoint =
       wrapper_kind<CheckpointWrapperImpl>("CheckpointWrapper", "_checkpoint_wrapped_module");
   checkpoint.forwards_attributes = true;  // ActivationWrapper.__getattr__ does the same
+  // Recomputation sums an input's gradient contributions in another order when the input is
+  // also used outside the checkpointed module (a + (b + c) for (a + b) + c).
+  checkpoint.numerics = Numerics::kTolerance;
+  checkpoint.tolerance = 1e-10;
   registry.add(std::move(checkpoint));
   auto deepspeed = pass_through_kind<detail::DeepSpeedEngineTag>();
   deepspeed.forwards_attributes = true;  // DeepSpeedEngine.__getattr__ looks in self.module

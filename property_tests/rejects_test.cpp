@@ -1,0 +1,97 @@
+// Every property is shown able to fail: each rejects the wrong subject it is designed to catch,
+// with a shrunk counterexample printed as a module tree (SEMANTICS.md §4).
+
+#include "faulty_subjects.h"
+#include "property_check.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+namespace wrapcert {
+namespace {
+
+using props::UnwrapSubject;
+
+struct Case {
+  std::string name;
+  testing::PropertyFn property;
+  gen::GenOptions options;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+gen::GenOptions plain() {
+  gen::GenOptions o;
+  o.wrappers = false;
+  return o;
+}
+gen::GenOptions root_chain() {
+  gen::GenOptions o;
+  o.root_chain_only = true;
+  return o;
+}
+gen::GenOptions with_flat() {
+  gen::GenOptions o;
+  o.kinds = {gen::kFlatFsdp, "DataParallel"};
+  return o;
+}
+
+template <typename Check>
+testing::PropertyFn with(Check check, UnwrapSubject subject) {
+  return [=](const gen::TreeSpec& spec) { return check(spec, subject); };
+}
+
+std::vector<Case> cases() {
+  using namespace props;  // NOLINT(google-build-using-namespace): the property list below
+  const auto legacy = subject(Subject::kLegacy);
+  const auto duck = subject(Subject::kDuckTyped);
+  return {
+      {"P1KeysRejectsLegacy", with(&props::keys, legacy), {}},
+      {"P1KeysRejectsSkippingContainers", with(&props::keys, faulty::skips_wrappers_in_containers()), {}},
+      {"P1KeysRejectsStoppingAfterTwoLevels", with(&props::keys, faulty::stops_after_two_levels()), {}},
+      {"P1KeysRejectsReordering", with(&props::keys, faulty::reorders_keys()), {}},
+      {"P2IdentityRejectsCopies", with(identity, faulty::copies_tensors()), {}},
+      {"P3TiesRejectsUntying", with(ties, faulty::unties_weights()), {}},
+      {"P4BackwardRejectsLegacy", with(backward, legacy), {}},
+      {"P5NonMutationRejectsMutation", with(non_mutation, faulty::mutates_input()), {}},
+      {"P5NonMutationRejectsDuckTyped", with(non_mutation, duck), {}},
+      {"P6LawsRejectsReordering", with(laws, faulty::reorders_keys()), {}},
+      {"P7LegacyAgreementRejectsStoppingAfterTwoLevels",
+       with(legacy_agreement, faulty::stops_after_two_levels()), root_chain()},
+      {"P8TranslationRejectsSubstringRewriting",
+       [](const gen::TreeSpec& s) { return translation(s, faulty::substring_translator()); },
+       {}},
+      {"P9NoFalsePositivesRejectsDuckTyped", with(no_false_positives, duck), plain()},
+      {"P10RoundTripRejectsSkippingContainers",
+       with(round_trip, faulty::skips_wrappers_in_containers()),
+       {}},
+      {"P11GraphSafetyRejectsDuckTyped", with(graph_safety, duck), {}},
+      {"P12OrderRejectsStoppingAfterTwoLevels",
+       [](const gen::TreeSpec& s) { return order(s, faulty::stops_after_two_levels(), 7); },
+       {}},
+      {"P13ValuesRejectsDroppedFlatRestoration", with(values, faulty::drops_flat_restoration()),
+       with_flat()},
+  };
+}
+
+class Rejects : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Rejects, ItsFaultySubjectWithASmallCounterexample) {
+  const auto& c = GetParam();
+  const auto result = testing::find_rejection(gen::trees(c.options), c.property);
+  ASSERT_TRUE(result.rejected) << c.name << " accepted its faulty subject:\n" << result.message;
+  std::cout << c.name << ": shrunk to " << result.modules << " modules\n"
+            << result.message << "\n"
+            << result.counterexample << "\n";
+  RecordProperty("shrunk_modules", result.modules);
+  EXPECT_LE(result.modules, 12) << "the counterexample did not shrink:\n" << result.counterexample;
+}
+
+INSTANTIATE_TEST_SUITE_P(Properties, Rejects, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace wrapcert

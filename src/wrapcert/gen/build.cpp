@@ -1,0 +1,349 @@
+#include <wrapcert/error.h>
+#include <wrapcert/gen/build.h>
+#include <wrapcert/layer.h>
+#include <wrapcert/wrap.h>
+
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+namespace wrapcert::gen {
+namespace {
+
+/// Embedding leaves take token ids; derive them from the float input.
+torch::Tensor ids_from(const torch::Tensor& x, int64_t dim) {
+  return (x.detach().abs() * 1000).to(torch::kLong).remainder(dim).select(-1, 0);
+}
+
+/// A custom module: each child (or each element of a child list or dict) gets the input, and
+/// the outputs are summed onto it. Children are reached by name, lists through their own copy.
+class BlockImpl : public Layer {
+ public:
+  struct Plan {
+    std::string name;
+    enum class Kind { kSingle, kList, kDict } kind = Kind::kSingle;
+    std::vector<bool> ids;  // per element: wants token ids
+  };
+  explicit BlockImpl(int64_t dim) : dim_(dim) {}
+  std::vector<Plan> plans;
+
+  torch::Tensor forward(const torch::Tensor& x) override {
+    auto out = x;
+    auto input = [&](bool ids) { return ids ? ids_from(x, dim_) : x; };
+    for (const auto& plan : plans) {
+      auto child = find_child(*this, plan.name);
+      if (plan.kind == Plan::Kind::kSingle) {
+        out = out + call(*child, input(plan.ids.at(0)));
+      } else if (plan.kind == Plan::Kind::kList) {
+        size_t i = 0;
+        for (const auto& m : *std::dynamic_pointer_cast<torch::nn::ModuleListImpl>(child)) {
+          out = out + call(*m, input(plan.ids.at(i++)));
+        }
+      } else {
+        size_t i = 0;
+        for (const auto& m :
+             std::dynamic_pointer_cast<torch::nn::ModuleDictImpl>(child)->values()) {
+          out = out + call(*m, input(plan.ids.at(i++)));
+        }
+      }
+    }
+    return out;
+  }
+  std::string python_name() const override { return "Block"; }
+
+ private:
+  int64_t dim_;
+};
+
+class RMSNormImpl : public Layer {
+ public:
+  explicit RMSNormImpl(int64_t dim) { register_parameter("weight", torch::ones({dim})); }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * parameter("weight");
+  }
+  std::string python_name() const override { return "RMSNorm"; }
+};
+
+class ScaleWithBufferImpl : public Layer {
+ public:
+  explicit ScaleWithBufferImpl(int64_t dim) {
+    register_parameter("scale", torch::rand({dim}) + 0.5);
+    register_buffer("running", torch::randn({dim}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return x * parameter("scale") + named_buffers(/*recurse=*/false)["running"];
+  }
+  std::string python_name() const override { return "ScaleWithBuffer"; }
+};
+
+struct Builder {
+  const TreeSpec& spec;
+  int64_t dim;
+  struct Done {
+    ModulePtr module;
+    bool ids;
+  };
+  std::vector<Done> done;  // finished nodes that may be shared
+  std::set<const torch::nn::Module*> in_progress;
+  std::vector<std::pair<torch::Tensor, ModulePtr>> tie_sources;         // weight, owner
+  std::vector<std::pair<std::string, std::vector<std::string>>> wraps;  // post-order
+
+  ModulePtr leaf(const NodeSpec& n, bool& ids) {
+    ModulePtr m;
+    torch::Tensor* weight = nullptr;
+    switch (n.leaf) {
+      case Leaf::kLinear:
+      case Leaf::kLinearNoBias: {
+        auto l =
+            torch::nn::Linear(torch::nn::LinearOptions(dim, dim).bias(n.leaf == Leaf::kLinear));
+        weight = &l->weight;
+        m = l.ptr();
+        break;
+      }
+      case Leaf::kEmbedding: {
+        auto e = torch::nn::Embedding(dim, dim);
+        weight = &e->weight;
+        ids = true;
+        m = e.ptr();
+        break;
+      }
+      case Leaf::kLayerNorm:
+        m = torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})).ptr();
+        break;
+      case Leaf::kRMSNorm:
+        m = std::make_shared<RMSNormImpl>(dim);
+        break;
+      case Leaf::kBuffered:
+        m = std::make_shared<ScaleWithBufferImpl>(dim);
+        break;
+    }
+    if (weight) {
+      if (n.tie >= 0 && !tie_sources.empty()) {
+        const auto& source = tie_sources[static_cast<size_t>(n.tie) % tie_sources.size()].first;
+        *weight = source;                     // what the LibTorch module's forward reads
+        tie_parameter(*m, "weight", source);  // what keys and optimizers see
+      }
+      tie_sources.emplace_back(*weight, m);
+    }
+    return m;
+  }
+
+  /// Builds `n` at `path` (the plain model's path); null when it has to be skipped.
+  ModulePtr node(const NodeSpec& n, const std::string& path, bool in_sequential, bool& ids) {
+    ids = false;
+    if (n.type == NodeSpec::Type::kShared) {
+      std::vector<const Done*> candidates;
+      for (const auto& d : done) {
+        // A Sequential chains float tensors through AnyModule, which cannot hold a Sequential.
+        const bool fits =
+            !in_sequential ||
+            (!d.ids && !std::dynamic_pointer_cast<torch::nn::SequentialImpl>(d.module));
+        if (fits) candidates.push_back(&d);
+      }
+      if (candidates.empty()) return nullptr;
+      const auto* pick = candidates[static_cast<size_t>(n.shared) % candidates.size()];
+      ids = pick->ids;
+      wraps.emplace_back(path, n.wrappers);
+      return pick->module;
+    }
+    ModulePtr m;
+    if (n.type == NodeSpec::Type::kLeaf) {
+      if (in_sequential && n.leaf == Leaf::kEmbedding) return nullptr;
+      m = leaf(n, ids);
+    } else {
+      m = container(n, path, in_sequential);
+      if (!m) return nullptr;
+    }
+    const bool is_list =
+        n.type == NodeSpec::Type::kContainer &&
+        (n.container == Container::kModuleList || n.container == Container::kModuleDict);
+    if (!is_list) {
+      wraps.emplace_back(path, n.wrappers);
+      done.push_back({m, ids});
+    }
+    return m;
+  }
+
+  ModulePtr container(const NodeSpec& n, const std::string& path, bool in_sequential) {
+    auto join = [&path](const std::string& name) {
+      return path.empty() ? name : path + "." + name;
+    };
+    switch (n.container) {
+      case Container::kCustom: {
+        auto block = std::make_shared<BlockImpl>(dim);
+        std::set<std::string> names;
+        for (const auto& [raw, child_spec] : n.children) {
+          std::string name = raw.empty() ? "m" : raw;
+          while (!names.insert(name).second) name += "_";
+          BlockImpl::Plan plan{name, BlockImpl::Plan::Kind::kSingle, {}};
+          if (child_spec.type == NodeSpec::Type::kContainer &&
+              (child_spec.container == Container::kModuleList ||
+               child_spec.container == Container::kModuleDict)) {
+            plan.kind = child_spec.container == Container::kModuleList
+                            ? BlockImpl::Plan::Kind::kList
+                            : BlockImpl::Plan::Kind::kDict;
+            auto list = elements(child_spec, join(name), plan.ids);
+            block->register_module(name, list);
+          } else {
+            bool ids = false;
+            auto child = node(child_spec, join(name), /*in_sequential=*/false, ids);
+            if (!child) continue;
+            plan.ids = {ids};
+            block->register_module(name, child);
+          }
+          block->plans.push_back(std::move(plan));
+        }
+        return block;
+      }
+      case Container::kSequential: {
+        if (in_sequential) return nullptr;  // LibTorch cannot nest a Sequential in one
+        torch::nn::Sequential seq;
+        for (const auto& entry : n.children) {
+          const auto& child_spec = entry.second;
+          if (child_spec.type == NodeSpec::Type::kContainer &&
+              child_spec.container != Container::kCustom) {
+            continue;
+          }
+          bool ids = false;
+          auto child = node(child_spec, join(std::to_string(seq->size())), true, ids);
+          if (!child) continue;
+          if (auto layer = std::dynamic_pointer_cast<Layer>(child)) {
+            seq->push_back(std::move(layer));
+          } else if (auto l = std::dynamic_pointer_cast<torch::nn::LinearImpl>(child)) {
+            seq->push_back(std::move(l));
+          } else if (auto ln = std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(child)) {
+            seq->push_back(std::move(ln));
+          } else {
+            throw Error(ErrorCode::kInvalidArgument, join(std::to_string(seq->size())),
+                        "the spec builder cannot put a " + child->name() + " in a Sequential");
+          }
+        }
+        if (seq->is_empty()) return nullptr;
+        return seq.ptr();
+      }
+      case Container::kModuleList:
+      case Container::kModuleDict:
+        return nullptr;  // only as a custom module's child (see `container` above)
+    }
+    return nullptr;
+  }
+
+  /// The elements of a ModuleList or ModuleDict child, with whether each wants ids.
+  ModulePtr elements(const NodeSpec& n, const std::string& path, std::vector<bool>& ids) {
+    auto join = [&path](const std::string& name) { return path + "." + name; };
+    if (n.container == Container::kModuleList) {
+      torch::nn::ModuleList list;
+      for (const auto& entry : n.children) {
+        if (entry.second.type == NodeSpec::Type::kContainer &&
+            entry.second.container != Container::kCustom) {
+          continue;
+        }
+        bool wants = false;
+        auto child = node(entry.second, join(std::to_string(list->size())), false, wants);
+        if (!child) continue;
+        list->push_back(child);
+        ids.push_back(wants);
+      }
+      return list.ptr();
+    }
+    torch::nn::ModuleDict dict;
+    std::set<std::string> names;
+    for (const auto& [raw, child_spec] : n.children) {
+      if (child_spec.type == NodeSpec::Type::kContainer &&
+          child_spec.container != Container::kCustom) {
+        continue;
+      }
+      std::string name = raw.empty() ? "m" : raw;
+      while (!names.insert(name).second) name += "_";
+      bool wants = false;
+      auto child = node(child_spec, join(name), false, wants);
+      if (!child) continue;
+      dict->update(std::vector<std::pair<std::string, ModulePtr>>{{name, child}});
+      ids.push_back(wants);
+    }
+    return dict.ptr();
+  }
+};
+
+ModulePtr make_wrapper(const std::string& kind, ModulePtr inner) {
+  if (kind == kFlatFsdp) {
+    FsdpOptions options;
+    options.flat_parameters = true;
+    return std::make_shared<FullyShardedDataParallelImpl>(std::move(inner), options);
+  }
+  return Registry::global().at(kind).make(std::move(inner));
+}
+
+}  // namespace
+
+Built build(const TreeSpec& spec, const BuildOptions& options) {
+  torch::manual_seed(options.seed);
+  Builder builder{spec, spec.dim, {}, {}, {}, {}};
+  auto root = builder.container(spec.root, "", false);
+  if (!root) root = std::make_shared<BlockImpl>(spec.dim);
+  builder.wraps.emplace_back("", spec.root.wrappers);
+  root->to(options.dtype);
+
+  Built built;
+  built.original = state_dict(root);
+  built.root = root;
+  if (!options.wrap) return built;
+
+  // Post-order: a node is wrapped after everything under it, so wrapping never moves a path
+  // still to be wrapped; the root's own stack goes on last.
+  for (auto it = builder.wraps.begin(); it != builder.wraps.end(); ++it) {
+    for (const auto& kind : it->second) {
+      auto target = module_at(built.root, it->first);
+      auto wrapper = make_wrapper(kind, target);
+      if (it->first.empty()) {
+        built.root = wrapper;
+      } else {
+        const auto dot = it->first.rfind('.');
+        const auto parent = dot == std::string::npos ? std::string() : it->first.substr(0, dot);
+        replace_child(*module_at(built.root, parent), it->first.substr(dot + 1), wrapper);
+      }
+      auto w = std::dynamic_pointer_cast<WrapperImpl>(wrapper);
+      built.wrappers.push_back(w);
+      const auto* k = Registry::global().find(*wrapper);
+      if (kind == kFlatFsdp || !k || k->numerics == Numerics::kChangesOutput ||
+          k->numerics == Numerics::kNeedsRelease) {
+        built.bitwise = false;
+      } else if (k->numerics == Numerics::kTolerance) {
+        built.tolerance = std::max(built.tolerance, k->tolerance);
+      }
+    }
+  }
+  return built;
+}
+
+torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed) {
+  torch::manual_seed(seed + 7919);
+  return torch::randn({2, spec.dim}, torch::TensorOptions().dtype(dtype));
+}
+
+SpecStats stats(const TreeSpec& spec) {
+  SpecStats s;
+  std::function<void(const NodeSpec&, int)> walk = [&](const NodeSpec& n, int depth) {
+    s.depth = std::max(s.depth, depth);
+    s.wrappers += static_cast<int>(n.wrappers.size());
+    if (n.type == NodeSpec::Type::kShared) {
+      ++s.shared;
+      return;
+    }
+    ++s.modules;
+    if (n.tie >= 0) ++s.ties;
+    for (const auto& c : n.children) walk(c.second, depth + 1);
+  };
+  walk(spec.root, 0);
+  return s;
+}
+
+}  // namespace wrapcert::gen

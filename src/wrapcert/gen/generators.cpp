@@ -1,0 +1,146 @@
+#include <wrapcert/gen/build.h>
+#include <wrapcert/gen/generators.h>
+#include <wrapcert/printer.h>
+
+#include <rapidcheck.h>
+
+#include <functional>
+#include <ostream>
+#include <set>
+
+namespace wrapcert::gen {
+namespace {
+
+using Child = std::pair<std::string, NodeSpec>;
+
+rc::Gen<std::string> child_name(const GenOptions& o) {
+  auto plain =
+      rc::gen::element<std::string>("fc", "block", "proj", "norm", "head", "layer", "0", "1", "12");
+  if (!o.adversarial_names) return plain;
+  auto slots = rc::gen::element<std::string>("module", "_orig_mod", "_orig_module",
+                                             "_fsdp_wrapped_module", "_checkpoint_wrapped_module");
+  auto near = rc::gen::element<std::string>("my_fsdp_wrapped_module", "module_list", "orig_mod",
+                                            "modules", "x_orig_module", "module1");
+  return rc::gen::weightedOneOf<std::string>({{6, plain}, {2, slots}, {2, near}});
+}
+
+/// Kinds that change outputs (an fp32 output conversion) go only at the root, as accelerate
+/// applies them: inside a double model they would feed float32 to the next layer.
+rc::Gen<std::vector<std::string>> stack(const GenOptions& o, bool allowed, bool root = false) {
+  if (!o.wrappers || !allowed) return rc::gen::just(std::vector<std::string>{});
+  std::vector<std::string> kinds;
+  for (const auto& k : o.kinds) {
+    const auto* kind = Registry::global().contains(k) ? &Registry::global().at(k) : nullptr;
+    if (root || !kind || kind->numerics != Numerics::kChangesOutput) kinds.push_back(k);
+  }
+  if (kinds.empty()) return rc::gen::just(std::vector<std::string>{});
+  auto kind = rc::gen::elementOf(kinds);
+  auto some = rc::gen::mapcat(rc::gen::inRange(1, 4), [kind](int n) {
+    return rc::gen::container<std::vector<std::string>>(static_cast<size_t>(n), kind);
+  });
+  return rc::gen::weightedOneOf<std::vector<std::string>>(
+      {{3, rc::gen::just(std::vector<std::string>{})}, {2, some}});
+}
+
+rc::Gen<NodeSpec> leaf(const GenOptions& o) {
+  auto tie =
+      o.sharing ? rc::gen::weightedOneOf<int>({{4, rc::gen::just(-1)}, {1, rc::gen::inRange(0, 8)}})
+                : rc::gen::just(-1);
+  return rc::gen::build<NodeSpec>(
+      rc::gen::set(&NodeSpec::leaf,
+                   rc::gen::element(Leaf::kLinear, Leaf::kLinearNoBias, Leaf::kEmbedding,
+                                    Leaf::kLayerNorm, Leaf::kRMSNorm, Leaf::kBuffered)),
+      rc::gen::set(&NodeSpec::wrappers, stack(o, !o.root_chain_only)),
+      rc::gen::set(&NodeSpec::tie, tie));
+}
+
+/// A container's own subtrees are offered as replacements for it, so counterexamples shrink to
+/// the part that fails.
+rc::Seq<NodeSpec> subtrees(const NodeSpec& n) {
+  std::vector<NodeSpec> out;
+  for (const auto& c : n.children) out.push_back(c.second);
+  return rc::seq::fromContainer(std::move(out));
+}
+
+rc::Gen<NodeSpec> node(const GenOptions& o, int depth) {
+  if (depth <= 0) return leaf(o);
+  auto child = rc::gen::lazy([o, depth] { return node(o, depth - 1); });
+  auto children = rc::gen::mapcat(rc::gen::inRange(1, 4), [o, child](int n) {
+    return rc::gen::container<std::vector<Child>>(static_cast<size_t>(n),
+                                                  rc::gen::pair(child_name(o), child));
+  });
+  auto container = rc::gen::shrink(
+      rc::gen::build<NodeSpec>(
+          rc::gen::set(&NodeSpec::type, rc::gen::just(NodeSpec::Type::kContainer)),
+          rc::gen::set(&NodeSpec::container,
+                       rc::gen::element(Container::kCustom, Container::kSequential,
+                                        Container::kModuleList, Container::kModuleDict)),
+          rc::gen::set(&NodeSpec::children, children),
+          rc::gen::set(&NodeSpec::wrappers, stack(o, !o.root_chain_only))),
+      subtrees);
+  if (!o.sharing) return rc::gen::weightedOneOf<NodeSpec>({{4, leaf(o)}, {3, container}});
+  auto shared = rc::gen::build<NodeSpec>(
+      rc::gen::set(&NodeSpec::type, rc::gen::just(NodeSpec::Type::kShared)),
+      rc::gen::set(&NodeSpec::shared, rc::gen::inRange(0, 20)),
+      rc::gen::set(&NodeSpec::wrappers, stack(o, !o.root_chain_only)));
+  return rc::gen::weightedOneOf<NodeSpec>({{4, leaf(o)}, {3, container}, {1, shared}});
+}
+
+}  // namespace
+
+rc::Gen<TreeSpec> trees(GenOptions options) {
+  if (options.kinds.empty()) options.kinds = Registry::global().names();
+  auto children = rc::gen::mapcat(rc::gen::inRange(1, 5), [options](int n) {
+    auto child = rc::gen::lazy([options] { return node(options, options.max_depth - 1); });
+    return rc::gen::container<std::vector<Child>>(static_cast<size_t>(n),
+                                                  rc::gen::pair(child_name(options), child));
+  });
+  GenOptions root_options = options;
+  root_options.root_chain_only = false;
+  return rc::gen::build<TreeSpec>(rc::gen::set(
+      &TreeSpec::root, rc::gen::build<NodeSpec>(
+                           rc::gen::set(&NodeSpec::type, rc::gen::just(NodeSpec::Type::kContainer)),
+                           rc::gen::set(&NodeSpec::container, rc::gen::just(Container::kCustom)),
+                           rc::gen::set(&NodeSpec::children, children),
+                           rc::gen::set(&NodeSpec::wrappers, stack(root_options, true, true)))));
+}
+
+std::string describe(const TreeSpec& spec) {
+  try {
+    const auto built = build(spec, {c10::kDouble, 0, true});
+    std::string out =
+        format_tree(built.root) + "\nwrapped keys:\n" + format_keys(state_dict(built.root));
+    const auto s = stats(spec);
+    out += std::to_string(s.modules) + " modules, " + std::to_string(s.wrappers) + " wrappers";
+    return out;
+  } catch (const std::exception& e) {
+    return std::string("<spec does not build: ") + e.what() + ">";
+  }
+}
+
+void showValue(const TreeSpec& spec, std::ostream& os) {
+  os << "\n" << describe(spec);
+}
+
+void classify(const TreeSpec& spec) {
+  const auto s = stats(spec);
+  RC_TAG("depth " + std::to_string(s.depth));
+  RC_CLASSIFY(s.wrappers == 0, "no wrappers");
+  RC_CLASSIFY(s.shared > 0, "shared submodule");
+  RC_CLASSIFY(s.ties > 0, "tied weights");
+  bool adversarial = false;
+  std::set<std::string> kinds;
+  std::function<void(const NodeSpec&)> walk = [&](const NodeSpec& n) {
+    for (const auto& k : n.wrappers) kinds.insert(k);
+    for (const auto& [name, c] : n.children) {
+      adversarial = adversarial || name.find("module") != std::string::npos ||
+                    name.find("orig_mod") != std::string::npos;
+      walk(c);
+    }
+  };
+  walk(spec.root);
+  RC_CLASSIFY(adversarial, "adversarial names");
+  for (const auto& k : kinds) RC_CLASSIFY(true, k);
+}
+
+}  // namespace wrapcert::gen

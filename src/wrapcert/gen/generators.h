@@ -1,0 +1,44 @@
+#pragma once
+/// rapidcheck generators of wrapper trees (specs, never modules), and how a spec prints.
+///
+///   RC_GTEST_PROP(Unwrap, KeepsKeys, ()) {
+///     const auto spec = *wrapcert::gen::trees();
+///     ...
+///   }
+///
+/// A failing case shrinks (children removed, subtrees offered as replacements, wrapper stacks
+/// shortened) and prints as the wrapped model's PyTorch tree with its keys.
+
+#include <wrapcert/gen/spec.h>
+
+#include <rapidcheck/Gen.h>
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace wrapcert::gen {
+
+struct GenOptions {
+  /// Wrapper kinds to draw from; empty means every kind in the global registry.
+  std::vector<std::string> kinds;
+  bool wrappers = true;           ///< false: plain trees
+  bool adversarial_names = true;  ///< children named like slots, or containing a slot name
+  bool sharing = true;            ///< shared submodules and tied weights
+  int max_depth = 3;
+  /// Wrappers only in a chain at the root (the case where legacy unwrap is right).
+  bool root_chain_only = false;
+};
+
+rc::Gen<TreeSpec> trees(GenOptions options = {});
+
+/// The spec's wrapped model as PyTorch prints it, then its wrapped state-dict keys.
+std::string describe(const TreeSpec& spec);
+/// rapidcheck's printer hook.
+void showValue(const TreeSpec& spec, std::ostream& os);
+
+/// Tags the current rapidcheck case with depth, wrapper kinds, ties, sharing and adversarial
+/// names, so a run shows what it exercised. Call inside a property.
+void classify(const TreeSpec& spec);
+
+}  // namespace wrapcert::gen

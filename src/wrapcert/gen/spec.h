@@ -1,0 +1,67 @@
+#pragma once
+/// Plain value trees that describe a module tree and where it is wrapped: what the generators
+/// produce and shrink, and what each property run builds fresh modules from.
+///
+///   gen::TreeSpec spec;
+///   spec.root.children.push_back({"fc", gen::NodeSpec::leaf(gen::Leaf::kLinear)});
+///   spec.root.children.back().second.wrappers = {"FullyShardedDataParallel"};
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace wrapcert::gen {
+
+enum class Leaf { kLinear, kLinearNoBias, kEmbedding, kLayerNorm, kRMSNorm, kBuffered };
+enum class Container { kCustom, kSequential, kModuleList, kModuleDict };
+
+struct NodeSpec {
+  enum class Type { kLeaf, kContainer, kShared };
+  Type type = Type::kLeaf;
+  Leaf leaf = Leaf::kLinear;
+  Container container = Container::kCustom;
+  /// Children in registration order. Names are used by custom modules and `ModuleDict`s
+  /// (duplicates get a suffix); `Sequential` and `ModuleList` number their elements.
+  std::vector<std::pair<std::string, NodeSpec>> children;
+  /// Wrapper kinds around this node, innermost first.
+  std::vector<std::string> wrappers;
+  /// kShared: the same module as an earlier node (picked among those built by then, modulo
+  /// their count); skipped when there is none.
+  int shared = 0;
+  /// Linear and Embedding leaves: when >= 0, the weight is tied to an earlier Linear or
+  /// Embedding leaf's weight (picked modulo their count).
+  int tie = -1;
+
+  static NodeSpec leaf_of(Leaf leaf) {
+    NodeSpec n;
+    n.leaf = leaf;
+    return n;
+  }
+  static NodeSpec container_of(Container c) {
+    NodeSpec n;
+    n.type = Type::kContainer;
+    n.container = c;
+    return n;
+  }
+};
+
+struct TreeSpec {
+  NodeSpec root = NodeSpec::container_of(Container::kCustom);
+  int64_t dim = 3;
+};
+
+/// Counts modules and wrappers in a spec (shared nodes count once, at their first path).
+struct SpecStats {
+  int modules = 0;
+  int wrappers = 0;
+  int depth = 0;
+  int shared = 0;
+  int ties = 0;
+};
+SpecStats stats(const TreeSpec& spec);
+
+/// Kind name for `FullyShardedDataParallel` in flat-parameter mode (not a registry name).
+inline constexpr const char* kFlatFsdp = "FullyShardedDataParallel[flat]";
+
+}  // namespace wrapcert::gen

@@ -1,0 +1,57 @@
+#pragma once
+/// The properties P1-P13 (SEMANTICS.md §4) as plain functions over a spec and an unwrap
+/// subject, each returning a verdict: a failed check is data, not an exception.
+///
+///   auto v = wrapcert::props::keys(spec, wrapcert::props::subject(wrapcert::Subject::kReference));
+///   if (!v.passed) std::cerr << v.property << ": " << v.reason << " at " << v.key << "\n";
+
+#include <wrapcert/gen/spec.h>
+#include <wrapcert/unwrap.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace wrapcert::props {
+
+/// What a subject gives back: the state it would save, and a module to run (and to unwrap
+/// again). `keep_alive` holds whatever must live while `root` runs (a `ScopedUnwrap`).
+struct Unwrapped {
+  ModulePtr root;
+  StateDict state;
+  std::shared_ptr<void> keep_alive;
+};
+using UnwrapSubject = std::function<Unwrapped(const ModulePtr& wrapped)>;
+
+/// The library's subjects. The reference one runs its result under a `ScopedUnwrap`.
+UnwrapSubject subject(Subject s);
+
+/// Given a wrapped model, a function from its wrapped keys to clean keys.
+using Translator = std::function<std::function<std::string(const std::string&)>(const ModulePtr&)>;
+/// `KeyTranslator::from_tree(...).to_clean`.
+Translator reference_translator();
+
+struct Verdict {
+  std::string property;  ///< "P1 keys"
+  bool passed = true;
+  bool skipped = false;  ///< the case does not apply (P4 on non-bitwise wrappers)
+  std::string reason;
+  std::string key;  ///< the offending key or path, when there is one
+};
+
+Verdict keys(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P1
+Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P2
+Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P3
+Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P4
+Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u);        ///< P5
+Verdict laws(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P6
+Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u);    ///< P7
+Verdict translation(const gen::TreeSpec& spec, const Translator& t);            ///< P8
+Verdict no_false_positives(const gen::TreeSpec& spec, const UnwrapSubject& u);  ///< P9
+Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u);          ///< P10
+Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u);        ///< P11
+/// P12: every stack shuffled by `shuffle_seed` and its innermost kind repeated.
+Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed);
+Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u);  ///< P13
+
+}  // namespace wrapcert::props
