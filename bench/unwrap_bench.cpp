@@ -4,7 +4,11 @@
 #include <wrapcert/fixtures/demo.h>
 #include <wrapcert/wrapcert.h>
 
+#include <wrapcert/gen/generators.h>
+#include <wrapcert/properties.h>
+
 #include <benchmark/benchmark.h>
+#include <rapidcheck/Random.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/version.h>
 
@@ -82,6 +86,46 @@ void BM_TranslateKeys(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(keys.size()));
 }
 
+/// 64 specs drawn from the property suite's generator (fixed seed, size 50).
+const std::vector<wrapcert::gen::TreeSpec>& sample_specs() {
+  static const auto specs = [] {
+    std::vector<wrapcert::gen::TreeSpec> out;
+    rc::Random random(42);
+    const auto trees = wrapcert::gen::trees();
+    for (int i = 0; i < 64; ++i) out.push_back(trees(random.split(), 50).value());
+    return out;
+  }();
+  return specs;
+}
+
+template <typename Check>
+void run_property(benchmark::State& state, Check check) {
+  const auto& specs = sample_specs();
+  const auto reference = wrapcert::props::subject(wrapcert::Subject::kReference);
+  size_t i = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(check(specs[i++ % specs.size()], reference));
+  state.SetItemsProcessed(state.iterations());  // cases
+}
+
+void BM_PropertyStructural(benchmark::State& state) {
+  // P1, P2, P3, P5, P6, P9 and P12 on one case: the structural properties.
+  run_property(state, [](const auto& spec, const auto& u) {
+    namespace props = wrapcert::props;
+    return props::keys(spec, u).passed && props::identity(spec, u).passed &&
+           props::ties(spec, u).passed && props::non_mutation(spec, u).passed &&
+           props::laws(spec, u).passed && props::no_false_positives(spec, u).passed &&
+           props::order(spec, u, 1).passed;
+  });
+}
+
+void BM_PropertyBackward(benchmark::State& state) {
+  run_property(state, [](const auto& spec, const auto& u) {
+    return wrapcert::props::backward(spec, u).passed;
+  });
+}
+
+BENCHMARK(BM_PropertyStructural);
+BENCHMARK(BM_PropertyBackward);
 BENCHMARK(BM_NamedModulesWalk)
     ->ArgName("modules")
     ->RangeMultiplier(10)
