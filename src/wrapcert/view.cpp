@@ -4,6 +4,8 @@
 #include <wrapcert/error.h>
 #include <wrapcert/view.h>
 
+#include <torch/utils.h>
+
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
@@ -223,6 +225,29 @@ StateDict state_dict(const ModulePtr& root) {
 
 std::vector<std::string> keys(const StateDict& state) {
   return state.keys();
+}
+
+void load_state_dict(const ModulePtr& root, const StateDict& state) {
+  const auto target = state_dict(root);
+  for (const auto& item : state) {
+    if (!target.contains(item.key())) {
+      throw Error(ErrorCode::kUnknownKey, item.key(),
+                  "unexpected key in the state dict (the model has no such key)");
+    }
+  }
+  for (const auto& item : target) {
+    const auto* source = state.find(item.key());
+    if (!source) throw Error(ErrorCode::kUnknownKey, item.key(), "missing key in the state dict");
+    if (source->sizes() != item.value().sizes() ||
+        source->scalar_type() != item.value().scalar_type()) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(),
+                  "shape or dtype mismatch: the state dict has " +
+                      c10::str(source->sizes(), " ", source->scalar_type()) + ", the model " +
+                      c10::str(item.value().sizes(), " ", item.value().scalar_type()));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& item : target) item.value().copy_(state[item.key()]);
 }
 
 void mark_non_persistent(const ModulePtr& module, const std::string& buffer) {

@@ -75,6 +75,12 @@ class ModuleView {
 
 /// The state dict of a module tree as it is (wrappers included).
 StateDict state_dict(const ModulePtr& root);
+/// Loads `state` into the state dict of `root` as it is, strictly: every key present on both
+/// sides with the same shape and dtype, values copied in place. Throws `Error` naming the first
+/// offending key: kUnknownKey for an unexpected or missing key, kInvalidArgument for a shape or
+/// dtype mismatch. Nothing is copied unless everything matches.
+void load_state_dict(const ModulePtr& root, const StateDict& state);
+
 /// The keys of a state dict, in order.
 std::vector<std::string> keys(const StateDict& state);
 
