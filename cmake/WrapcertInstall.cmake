@@ -1,13 +1,18 @@
-# `cmake --install` + `find_package(wrapcert)` for consumers, with namespaced targets.
-include(GNUInstallDirs)
+# `cmake --install` + `find_package(wrapcert)` for consumers, with namespaced targets:
+# wrapcert::core, wrapcert::fixtures, wrapcert::gen, wrapcert::certify, and the CLI.
 include(CMakePackageConfigHelpers)
 
 set(WRAPCERT_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/wrapcert")
 
-install(TARGETS wrapcert_core wrapcert_fixtures
+set(_wrapcert_targets wrapcert_core wrapcert_fixtures wrapcert_gen wrapcert_certify)
+if(TARGET wrapcert_cli)
+  list(APPEND _wrapcert_targets wrapcert_cli)
+endif()
+install(TARGETS ${_wrapcert_targets}
   EXPORT wrapcertTargets
   ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+  RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}"
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/src/wrapcert"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"

@@ -1,11 +1,14 @@
 // wrapcert: the command-line tool. `wrapcert demo` shows the seed's bug and its fix.
 
+#include <wrapcert/certify.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/demo.h>
 #include <wrapcert/wrapcert.h>
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 
 namespace {
@@ -119,6 +122,68 @@ int run_seed(const FixtureOptions& o) {
   return 0;
 }
 
+struct CertifyOptions {
+  std::vector<std::string> wrappers;
+  std::vector<std::string> fixtures = wrapcert::certify::Options{}.fixtures;
+  std::string subject = "reference";
+  int cases = 100;
+  int max_size = 100;
+  uint64_t seed = 0;
+  std::string markdown;
+  std::string json;
+  std::string junit;
+  bool quiet = false;
+};
+
+/// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) {
+      throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, path, "cannot write the report");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, path, "cannot write the report");
+  }
+}
+
+int run_certify(const CertifyOptions& o) {
+  wrapcert::certify::Options options;
+  options.kinds = o.wrappers;
+  options.fixtures = o.fixtures;
+  options.subject = wrapcert::subject_from_string(o.subject);
+  options.cases = o.cases;
+  options.max_size = o.max_size;
+  options.seed = o.seed;
+  // googletest's rhythm on the console.
+  auto listener = [quiet = o.quiet](const wrapcert::certify::Entry& e, bool done) {
+    if (quiet) return;
+    const std::string name = e.kind + "." + e.property + " [" + e.target + "]";
+    if (!done) {
+      std::cout << "[ RUN      ] " << name << std::endl;
+      return;
+    }
+    const char* tag = e.status == wrapcert::certify::Status::kFailed    ? "[  FAILED  ] "
+                      : e.status == wrapcert::certify::Status::kSkipped ? "[  SKIPPED ] "
+                                                                        : "[       OK ] ";
+    if (e.status != wrapcert::certify::Status::kPassed) {
+      std::cout << e.reason << (e.key.empty() ? "" : " at '" + e.key + "'") << "\n";
+      if (!e.counterexample.empty()) std::cout << e.counterexample << "\n";
+    }
+    std::cout << tag << name << " (" << e.cases << " cases, " << static_cast<int>(e.seconds * 1000)
+              << " ms)" << std::endl;
+  };
+  const auto report = wrapcert::certify::certify(options, listener);
+  std::cout << "\n" << wrapcert::certify::to_summary(report);
+  if (!o.markdown.empty()) write_atomically(o.markdown, wrapcert::certify::to_markdown(report));
+  if (!o.json.empty()) write_atomically(o.json, wrapcert::certify::to_json(report));
+  if (!o.junit.empty()) write_atomically(o.junit, wrapcert::certify::to_junit(report));
+  return report.passed() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,6 +220,27 @@ int main(int argc, char** argv) {
   seed_cmd->add_option("--fixture", seed.name, "fixture")->check(CLI::IsMember(fixture_names));
   seed_cmd->add_flag("--libtorch-style", seed.libtorch_style, "print as LibTorch's operator<<");
   seed_cmd->callback([&] { std::exit(run_seed(seed)); });
+
+  CertifyOptions certify;
+  auto* certify_cmd = app.add_subcommand(
+      "certify", "Certify wrapper kinds against P1-P13 on generated trees and the fixtures");
+  std::vector<std::string> kind_names = wrapcert::Registry::global().names();
+  certify_cmd->add_option("--wrappers", certify.wrappers, "wrapper kinds (default: all)")
+      ->check(CLI::IsMember(kind_names));
+  certify_cmd->add_option("--fixtures", certify.fixtures, "fixtures")
+      ->check(CLI::IsMember(fixture_names));
+  certify_cmd->add_option("--subject", certify.subject, "unwrap subject")
+      ->check(CLI::IsMember({"reference", "legacy", "duck_typed"}));
+  certify_cmd->add_option("--cases", certify.cases, "generated cases per property")
+      ->check(CLI::Range(1, 1000000));
+  certify_cmd->add_option("--max-size", certify.max_size, "rapidcheck size bound")
+      ->check(CLI::Range(1, 10000));
+  certify_cmd->add_option("--seed", certify.seed, "seed (0: random, printed for replay)");
+  certify_cmd->add_option("--markdown", certify.markdown, "write a Markdown report");
+  certify_cmd->add_option("--json", certify.json, "write a JSON report");
+  certify_cmd->add_option("--junit", certify.junit, "write a JUnit XML report");
+  certify_cmd->add_flag("--quiet", certify.quiet, "print only the summary table");
+  certify_cmd->callback([&] { std::exit(run_certify(certify)); });
 
   try {
     CLI11_PARSE(app, argc, argv);

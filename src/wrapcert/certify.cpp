@@ -1,0 +1,350 @@
+#include <wrapcert/certify.h>
+#include <wrapcert/error.h>
+#include <wrapcert/fixtures/causal_lm.h>
+#include <wrapcert/gen/generators.h>
+#include <wrapcert/properties.h>
+#include <wrapcert/wrap.h>
+#include <wrapcert/wrappers.h>
+
+#include <rapidcheck.h>
+#include <rapidcheck/detail/TestListener.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <set>
+
+namespace wrapcert::certify {
+namespace {
+
+using props::Verdict;
+using Clock = std::chrono::steady_clock;
+
+/// LibTorch appends a backtrace to its messages; a report wants the message.
+std::string first_line(const std::string& text) {
+  return "threw: " + text.substr(0, text.find('\n'));
+}
+
+Entry new_entry(const std::string& kind, const std::string& property, const std::string& target) {
+  Entry entry;
+  entry.kind = kind;
+  entry.property = property;
+  entry.target = target;
+  return entry;
+}
+
+/// Listens to nothing: rapidcheck's default listener would also report each failure again at
+/// process exit, and certification reports its own.
+class QuietListener : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+struct GeneratedProperty {
+  const char* name;
+  std::function<Verdict(const gen::TreeSpec&, const props::UnwrapSubject&)> check;
+  std::function<void(gen::GenOptions&)> adjust;
+};
+
+std::vector<GeneratedProperty> generated_properties() {
+  auto none = [](gen::GenOptions&) {};
+  return {
+      {"P1 keys", props::keys, none},
+      {"P2 identity", props::identity, none},
+      {"P3 ties", props::ties, none},
+      {"P4 backward", props::backward, none},
+      {"P5 non-mutation", props::non_mutation, none},
+      {"P6 laws", props::laws, none},
+      {"P7 legacy", props::legacy_agreement, [](gen::GenOptions& o) { o.root_chain_only = true; }},
+      {"P8 translation",
+       [](const gen::TreeSpec& s, const props::UnwrapSubject&) {
+         return props::translation(s, props::reference_translator());
+       },
+       none},
+      {"P9 no false positives", props::no_false_positives,
+       [](gen::GenOptions& o) { o.wrappers = false; }},
+      {"P10 round trip", props::round_trip, none},
+      {"P11 graph safety", props::graph_safety, none},
+      {"P12 order",
+       [](const gen::TreeSpec& s, const props::UnwrapSubject& u) {
+         return props::order(s, u, *rc::gen::arbitrary<uint64_t>());
+       },
+       none},
+      {"P13 values", props::values, none},
+  };
+}
+
+Entry run_generated(const std::string& kind, const GeneratedProperty& property,
+                    const props::UnwrapSubject& subject, const Options& options,
+                    const Listener& listener) {
+  Entry entry = new_entry(kind, property.name, "generated trees");
+  if (listener) listener(entry, false);
+  const auto start = Clock::now();
+  gen::GenOptions g;
+  // The certified kind is drawn as often as all built-in kinds together.
+  g.kinds = Registry::global().names();
+  const size_t others = g.kinds.size();
+  for (size_t i = 0; i < others; ++i) g.kinds.push_back(kind);
+  property.adjust(g);
+  const auto trees = gen::trees(g);
+  auto shrunk = std::make_shared<gen::TreeSpec>();
+  auto verdict = std::make_shared<Verdict>();
+  auto runs = std::make_shared<int>(0);
+  rc::detail::TestParams params;
+  params.seed = options.seed;
+  params.maxSuccess = options.cases;
+  params.maxSize = options.max_size;
+  QuietListener quiet;
+  const auto result = rc::detail::checkProperty(
+      rc::detail::toProperty([&] {
+        const auto spec = *trees;
+        const auto v = property.check(spec, subject);
+        ++*runs;
+        if (!v.passed) {
+          *shrunk = spec;  // shrinking accepts smaller failures in turn: the last is the minimum
+          *verdict = v;
+        }
+        RC_PRE(!v.skipped);
+        RC_ASSERT(v.passed);
+      }),
+      rc::detail::TestMetadata{kind + "." + property.name, property.name}, params, quiet);
+  entry.cases = *runs;
+  rc::detail::FailureResult failure;
+  rc::detail::GaveUpResult gave_up;
+  if (result.match(failure)) {
+    entry.status = Status::kFailed;
+    entry.reason = verdict->reason.empty() ? failure.description : verdict->reason;
+    entry.key = verdict->key;
+    entry.counterexample = gen::describe(*shrunk);
+  } else if (result.match(gave_up)) {
+    entry.status = Status::kSkipped;
+    entry.reason = "too few generated cases apply: " + gave_up.description;
+  }
+  entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (listener) listener(entry, true);
+  return entry;
+}
+
+std::set<std::vector<std::string>> tie_groups(const StateDict& state) {
+  std::map<const void*, std::vector<std::string>> by;
+  for (const auto& item : state) by[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  std::set<std::vector<std::string>> groups;
+  for (auto& [impl, keys] : by) {
+    if (keys.size() > 1) groups.insert(keys);
+  }
+  return groups;
+}
+
+/// Every decoder layer and the root wrapped in `kind`.
+ModulePtr wrap_fixture(const ModulePtr& model, const fixtures::CausalLMConfig& config,
+                       const std::string& kind) {
+  return auto_wrap(model, config.no_split_modules(), Registry::global().at(kind));
+}
+
+std::vector<std::shared_ptr<WrapperImpl>> wrappers_in(const ModulePtr& root) {
+  std::vector<std::shared_ptr<WrapperImpl>> out;
+  const auto view = ModuleView::of(root);
+  for (size_t i = 0; i < view.size(); ++i) {
+    if (auto w = std::dynamic_pointer_cast<WrapperImpl>(view.node(i).module)) out.push_back(w);
+  }
+  return out;
+}
+
+/// P1-P3 on a full-size fixture on the meta device, each on a freshly built model.
+std::vector<Entry> run_layout(const std::string& kind, const fixtures::CausalLMConfig& config,
+                              const props::UnwrapSubject& subject, const Listener& listener) {
+  std::vector<Entry> entries;
+  for (const std::string property : {"P1 keys", "P2 identity", "P3 ties"}) {
+    Entry entry = new_entry(kind, property, config.name);
+    if (listener) listener(entry, false);
+    const auto start = Clock::now();
+    entry.cases = 1;
+    try {
+      auto model = fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype});
+      const auto original = state_dict(model);
+      const auto state = subject(wrap_fixture(model, config, kind)).state;
+      auto fail = [&entry](std::string reason, std::string key) {
+        entry.status = Status::kFailed;
+        entry.reason = std::move(reason);
+        entry.key = std::move(key);
+      };
+      if (property == "P1 keys" && state.keys() != original.keys()) {
+        std::string key = state.size() > original.size() ? state[original.size()].key() : "";
+        for (size_t i = 0; i < std::min(state.size(), original.size()); ++i) {
+          if (state[i].key() != original[i].key()) {
+            key = state[i].key();
+            break;
+          }
+        }
+        fail("the unwrapped keys differ from the model's", key);
+      } else if (property == "P2 identity") {
+        for (const auto& item : original) {
+          const auto* got = state.find(item.key());
+          if (!got || !got->is_same(item.value())) {
+            fail(got ? "not the model's own tensor" : "missing", item.key());
+            break;
+          }
+        }
+      } else if (property == "P3 ties" && tie_groups(state) != tie_groups(original)) {
+        fail("tied keys no longer share one tensor", "lm_head.weight");
+      }
+    } catch (const std::exception& e) {
+      entry.status = Status::kFailed;
+      entry.reason = first_line(e.what());
+    }
+    entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (listener) listener(entry, true);
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+/// P4 on a tiny fixture in double: through every wrapper and through none.
+Entry run_numerics(const std::string& kind, const fixtures::CausalLMConfig& config,
+                   const props::UnwrapSubject& subject, const Listener& listener) {
+  Entry entry = new_entry(kind, "P4 backward", config.name);
+  if (listener) listener(entry, false);
+  const auto start = Clock::now();
+  entry.cases = 1;
+  const auto& descriptor = Registry::global().at(kind);
+  auto finish = [&] {
+    entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (listener) listener(entry, true);
+    return entry;
+  };
+  if (descriptor.numerics == Numerics::kChangesOutput ||
+      descriptor.numerics == Numerics::kNeedsRelease) {
+    entry.status = Status::kSkipped;
+    entry.reason = descriptor.numerics == Numerics::kChangesOutput
+                       ? "the kind changes outputs by design"
+                       : "the kind needs release before its inner module computes";
+    return finish();
+  }
+  const double tol = descriptor.numerics == Numerics::kTolerance ? descriptor.tolerance : 0.0;
+  auto close = [tol](const torch::Tensor& a, const torch::Tensor& b) {
+    return tol == 0.0 ? a.equal(b) : torch::allclose(a, b, tol, tol);
+  };
+  try {
+    const fixtures::BuildOptions build{c10::kCPU, c10::kDouble, 1};
+    const auto ids = torch::tensor({{3, 1, 4, 1, 5, 9}}, torch::kLong);
+    auto plain = fixtures::make_causal_lm(config, build);
+    auto expected = call(*plain, ids);
+    expected.pow(2).mean().backward();
+    auto model = fixtures::make_causal_lm(config, build);
+    const auto params = model->named_parameters();  // before wrapping: the clean keys
+    auto wrapped = wrap_fixture(model, config, kind);
+    auto wrappers = wrappers_in(wrapped);
+    auto grads_match = [&](double tolerance) {
+      const auto a = plain->named_parameters();
+      for (const auto& item : a) {
+        const auto& g = params[item.key()].grad();
+        if (!g.defined() ||
+            !(tolerance == 0.0 ? g.equal(item.value().grad())
+                               : torch::allclose(g, item.value().grad(), tolerance, tolerance))) {
+          entry.key = item.key();
+          return false;
+        }
+      }
+      return true;
+    };
+    auto out = call(*wrapped, ids);
+    out.pow(2).mean().backward();
+    for (const auto& w : wrappers) {
+      if (w->calls() == 0) {
+        entry.status = Status::kFailed;
+        entry.reason = "the wrapped run skipped a wrapper";
+        return finish();
+      }
+    }
+    if (!close(out, expected) || !grads_match(tol)) {
+      entry.status = Status::kFailed;
+      entry.reason = "the wrapped run's output or gradients differ from the model's";
+      return finish();
+    }
+    for (const auto& item : params) item.value().mutable_grad() = torch::Tensor();
+    const auto u = subject(wrapped);
+    for (const auto& w : wrappers) w->reset_calls();
+    auto run = call(*u.root, ids);
+    run.pow(2).mean().backward();
+    for (const auto& w : wrappers) {
+      if (w->calls() != 0) {
+        entry.status = Status::kFailed;
+        entry.reason = "the unwrapped run went through a " + w->kind_name();
+        return finish();
+      }
+    }
+    if (!run.equal(expected) || !grads_match(0.0)) {
+      entry.status = Status::kFailed;
+      entry.reason = "the unwrapped model's output or gradients differ from the model's";
+    }
+  } catch (const std::exception& e) {
+    entry.status = Status::kFailed;
+    entry.reason = first_line(e.what());
+  }
+  return finish();
+}
+
+}  // namespace
+
+const char* to_string(Status status) {
+  switch (status) {
+    case Status::kPassed:
+      return "passed";
+    case Status::kFailed:
+      return "failed";
+    case Status::kSkipped:
+      return "skipped";
+  }
+  return "unknown";
+}
+
+bool Report::passed() const {
+  return count(Status::kFailed) == 0;
+}
+
+size_t Report::count(Status status) const {
+  size_t n = 0;
+  for (const auto& e : entries) n += e.status == status;
+  return n;
+}
+
+Report certify(const Options& options, const Listener& listener) {
+  Report report;
+  report.options = options;
+  if (report.options.kinds.empty()) report.options.kinds = Registry::global().names();
+  for (const auto& kind : report.options.kinds) (void)Registry::global().at(kind);  // validate
+  if (options.cases < 1 || options.max_size < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "", "cases and max_size must be positive");
+  }
+  std::vector<fixtures::CausalLMConfig> layouts;
+  for (const auto& name : options.fixtures) layouts.push_back(fixtures::config_named(name));
+  if (report.options.seed == 0) report.options.seed = std::random_device{}() | 1ULL;
+
+  const auto subject = props::subject(options.subject);
+  for (const auto& kind : report.options.kinds) {
+    for (const auto& property : generated_properties()) {
+      report.entries.push_back(run_generated(kind, property, subject, report.options, listener));
+    }
+    for (const auto& config : layouts) {
+      const bool tiny = config.hidden_size <= 256;
+      if (tiny) {
+        report.entries.push_back(run_numerics(kind, config, subject, listener));
+      } else {
+        for (auto& e : run_layout(kind, config, subject, listener)) {
+          report.entries.push_back(std::move(e));
+        }
+      }
+    }
+  }
+  return report;
+}
+
+Report certify(const WrapperKind& registration, Options options, const Listener& listener) {
+  if (!Registry::global().contains(registration.name)) Registry::global().add(registration);
+  options.kinds = {registration.name};
+  return certify(options, listener);
+}
+
+}  // namespace wrapcert::certify

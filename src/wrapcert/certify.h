@@ -1,0 +1,75 @@
+#pragma once
+/// Certification of wrapper kinds against P1-P13, for authors of new wrappers.
+///
+///   wrapcert::Registry::global().add(wrapcert::wrapper_kind<MyShardImpl>("MyShard", "_sharded"));
+///   auto report = wrapcert::certify::certify({"MyShard"});
+///   std::cout << wrapcert::certify::to_markdown(report);
+///   return report.passed() ? 0 : 1;
+///
+/// A failed check is an entry in the report (with its shrunk counterexample), never an
+/// exception; misuse (an unknown kind or fixture) is an `Error`.
+
+#include <wrapcert/registry.h>
+#include <wrapcert/unwrap.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace wrapcert::certify {
+
+struct Options {
+  /// Wrapper kinds to certify, by registered name; empty means every kind in the registry.
+  std::vector<std::string> kinds;
+  /// Fixtures to run on: full-size ones (on meta) for key properties, tiny ones for P4.
+  std::vector<std::string> fixtures = {"gemma-2b", "mistral-7b", "tiny-gemma", "tiny-mistral"};
+  Subject subject = Subject::kReference;
+  int cases = 100;     ///< generated cases per property and kind
+  int max_size = 100;  ///< rapidcheck's size bound
+  uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
+};
+
+struct Entry;
+/// Called before (`done` false) and after (`done` true) each check, for progress output.
+using Listener = std::function<void(const Entry& entry, bool done)>;
+
+enum class Status { kPassed, kFailed, kSkipped };
+const char* to_string(Status status);
+
+struct Entry {
+  std::string kind;      ///< the wrapper kind certified
+  std::string property;  ///< "P1 keys"
+  std::string target;    ///< "generated trees" or a fixture name
+  Status status = Status::kPassed;
+  std::string reason;          ///< why it failed or was skipped
+  std::string key;             ///< the offending key, when there is one
+  std::string counterexample;  ///< the shrunk tree with its keys
+  int cases = 0;               ///< cases run
+  double seconds = 0.0;
+};
+
+struct Report {
+  Options options;  ///< with the seed actually used
+  std::vector<Entry> entries;
+  bool passed() const;
+  size_t count(Status status) const;
+};
+
+/// Runs every property for each kind on generated trees (the kind mixed with the built-in
+/// kinds) and on the fixtures. Throws `Error` for an unknown kind, fixture or bad option.
+Report certify(const Options& options, const Listener& listener = nullptr);
+/// Registers `registration` in the global registry if its name is new, then certifies it.
+Report certify(const WrapperKind& registration, Options options = {},
+               const Listener& listener = nullptr);
+
+/// One compact table: a row per property and target, a column per kind (pass, FAIL, skip).
+std::string to_summary(const Report& report);
+/// A table per kind: property, target, result, reason.
+std::string to_markdown(const Report& report);
+/// With a `context` block: wrapcert and LibTorch versions, seed, options.
+std::string to_json(const Report& report);
+/// One testsuite per kind, one testcase per entry; failures carry the counterexample.
+std::string to_junit(const Report& report);
+
+}  // namespace wrapcert::certify

@@ -1,0 +1,96 @@
+#include <wrapcert/certify.h>
+#include <wrapcert/error.h>
+#include <wrapcert/wrappers.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace wrapcert::certify {
+namespace {
+
+using ::testing::HasSubstr;
+
+/// A correct new kind: its own type and slot, a pass-through.
+class RelayImpl : public WrapperImpl {
+ public:
+  explicit RelayImpl(ModulePtr inner) : WrapperImpl("Relay", "_relayed_module", std::move(inner)) {}
+};
+
+/// A faulty one: scales what it forwards, yet claims to be bitwise transparent.
+class LoudRelayImpl : public WrapperImpl {
+ public:
+  explicit LoudRelayImpl(ModulePtr inner)
+      : WrapperImpl("LoudRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override { return 2 * call(*inner(), input); }
+};
+
+Options quick() {
+  Options o;
+  o.cases = 15;
+  o.seed = 11;
+  o.fixtures = {"gemma-2b", "tiny-mistral"};
+  return o;
+}
+
+TEST(Certify, CertifiesACorrectNewKind) {
+  const auto report = certify(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+  EXPECT_EQ(report.entries.size(), 13u + 3u + 1u);  // generated, gemma-2b P1-P3, tiny P4
+  EXPECT_EQ(report.count(Status::kFailed), 0u);
+  for (const auto& e : report.entries) EXPECT_EQ(e.kind, "Relay");
+}
+
+TEST(Certify, RejectsAFaultyKindWithACounterexample) {
+  const auto report = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  ASSERT_FALSE(report.passed());
+  bool generated = false, fixture = false;
+  for (const auto& e : report.entries) {
+    if (e.status != Status::kFailed) continue;
+    EXPECT_EQ(e.property, "P4 backward");
+    if (e.target == "generated trees") {
+      generated = true;
+      EXPECT_THAT(e.counterexample, HasSubstr("LoudRelay("));
+    } else {
+      fixture = true;
+      EXPECT_THAT(e.reason, HasSubstr("differ"));
+    }
+  }
+  EXPECT_TRUE(generated);
+  EXPECT_TRUE(fixture);
+
+  const auto json = nlohmann::json::parse(to_json(report));
+  EXPECT_EQ(json["context"]["seed"], 11);
+  EXPECT_EQ(json["context"]["options"]["subject"], "reference");
+  EXPECT_GE(json["summary"]["failed"].get<int>(), 2);
+  EXPECT_THAT(to_junit(report), HasSubstr("<failure message="));
+  EXPECT_THAT(to_markdown(report), HasSubstr("**FAILED**"));
+  EXPECT_THAT(to_summary(report), HasSubstr("| P4 backward | generated trees | **FAIL** |"));
+}
+
+TEST(Certify, ShowsTheLegacySubjectFailing) {
+  auto o = quick();
+  o.kinds = {"SpmdFullyShardedDataParallel"};
+  o.subject = Subject::kLegacy;
+  const auto report = certify(o);
+  EXPECT_FALSE(report.passed());
+  o.subject = Subject::kReference;
+  EXPECT_TRUE(certify(o).passed());
+}
+
+TEST(Certify, RejectsUnknownNamesAndBadOptions) {
+  auto o = quick();
+  o.kinds = {"FSDP3"};
+  EXPECT_THROW((void)certify(o), Error);
+  o = quick();
+  o.fixtures = {"llama-7b"};
+  EXPECT_THROW((void)certify(o), Error);
+  o = quick();
+  o.cases = 0;
+  EXPECT_THROW((void)certify(o), Error);
+}
+
+}  // namespace
+}  // namespace wrapcert::certify
