@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the built wrapcert into a prefix, builds examples/certify-my-wrapper against the
+# installed package (as a wrapper author would), and runs its tests.
+#   tools/test_installed_example.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
+prefix="$build/_install"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$src/examples/certify-my-wrapper" -B "$build/_example" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" >/dev/null
+cmake --build "$build/_example" >/dev/null
+"$build/_example/certify_my_wrapper_tests"
