@@ -3,6 +3,7 @@
 #include <wrapcert/certify.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/demo.h>
+#include <wrapcert/hardware.h>
 #include <wrapcert/wrapcert.h>
 
 #include <CLI/CLI.hpp>
@@ -241,6 +242,16 @@ int main(int argc, char** argv) {
   certify_cmd->add_option("--junit", certify.junit, "write a JUnit XML report");
   certify_cmd->add_flag("--quiet", certify.quiet, "print only the summary table");
   certify_cmd->callback([&] { std::exit(run_certify(certify)); });
+
+  bool hardware_json = false;
+  auto* hardware_cmd = app.add_subcommand("hardware", "Show the CPU, CUDA devices and TPUs found");
+  hardware_cmd->add_flag("--json", hardware_json, "print JSON");
+  hardware_cmd->callback([&] {
+    const auto report = wrapcert::hardware::detect();
+    std::cout << (hardware_json ? wrapcert::hardware::to_json(report)
+                                : wrapcert::hardware::to_text(report));
+    std::exit(0);
+  });
 
   try {
     CLI11_PARSE(app, argc, argv);

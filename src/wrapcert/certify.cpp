@@ -2,6 +2,7 @@
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
+#include <wrapcert/hardware.h>
 #include <wrapcert/properties.h>
 #include <wrapcert/wrap.h>
 #include <wrapcert/wrappers.h>
@@ -337,6 +338,20 @@ Report certify(const Options& options, const Listener& listener) {
         }
       }
     }
+  }
+  // What could not run here, and why: it shows in every report.
+  const auto hw = hardware::detect();
+  if (hw.cuda_devices == 0) {
+    auto entry = new_entry("hardware", "P1-P5, P13 on CUDA", "cuda");
+    entry.status = Status::kSkipped;
+    entry.reason = hw.cuda_reason;
+    report.entries.push_back(entry);
+  }
+  if (!hw.tpu) {
+    auto entry = new_entry("hardware", "real SpmdFullyShardedDataParallel (torch_xla)", "tpu");
+    entry.status = Status::kSkipped;
+    entry.reason = hw.tpu_reason;
+    report.entries.push_back(entry);
   }
   return report;
 }
