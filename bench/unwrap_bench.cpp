@@ -1,39 +1,46 @@
-// Unwrap cost against LibTorch's own walk over the same tree.
-//   build/bench/wrapcert_bench --benchmark_out=bench.json --benchmark_out_format=json
+// How fast unwrap, translation and checking are, and how cost grows, beside the floor LibTorch
+// itself sets (a `named_modules()` walk and `named_parameters()` key extraction).
+//   build/bench/wrapcert_bench --benchmark_out=run.json --benchmark_out_format=json
+//       --benchmark_repetitions=9
+// tools/bench_report.py turns runs into Markdown and a plot; tools/bench_compare.py gates.
 
-#include <wrapcert/fixtures/demo.h>
-#include <wrapcert/wrapcert.h>
-
+#include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/properties.h>
+#include <wrapcert/wrapcert.h>
 
 #include <benchmark/benchmark.h>
 #include <rapidcheck/Random.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/version.h>
 
+#include <fstream>
+#include <string>
+
 namespace {
 
 using wrapcert::ModulePtr;
+using wrapcert::Subject;
 
-/// Custom parent that calls its children by name (like every wrapcert fixture).
+/// A custom parent that calls its children by name.
 struct NodeImpl : wrapcert::Layer {
   torch::Tensor forward(const torch::Tensor& x) override { return x; }
 };
 
-/// A tree of about `n` modules: nodes with 4 children, Linear leaves, every 4th node wrapped.
-ModulePtr wrapped_tree(int64_t n) {
+/// About `n` modules: nodes with 4 children, every 8th a Linear leaf, every 4th wrapped.
+ModulePtr synthetic_tree(int64_t n) {
   auto root = std::make_shared<NodeImpl>();
-  std::vector<std::shared_ptr<torch::nn::Module>> frontier{root};
+  std::vector<ModulePtr> frontier{root};
   int64_t count = 1;
   const auto& kinds = wrapcert::Registry::global().kinds();
-  for (size_t i = 0; count < n; ++i) {
+  for (size_t i = 0; count < n && i < frontier.size(); ++i) {
     const auto parent = frontier[i];  // a copy: push_back below may reallocate
     for (int c = 0; c < 4 && count < n; ++c, ++count) {
-      ModulePtr child = (count % 8 == 0) ? ModulePtr(torch::nn::Linear(1, 1).ptr())
-                                         : ModulePtr(std::make_shared<NodeImpl>());
-      frontier.push_back(child);
-      if (count % 4 == 0) child = kinds[count % kinds.size()].make(child);
+      const bool leaf = count % 8 == 0;
+      ModulePtr child =
+          leaf ? ModulePtr(torch::nn::Linear(1, 1).ptr()) : ModulePtr(std::make_shared<NodeImpl>());
+      if (!leaf) frontier.push_back(child);
+      if (count % 4 == 0) child = kinds[static_cast<size_t>(count) % kinds.size()].make(child);
       parent->register_module(std::to_string(c), child);
     }
   }
@@ -43,48 +50,144 @@ ModulePtr wrapped_tree(int64_t n) {
 ModulePtr chain(int64_t depth) {
   ModulePtr m = torch::nn::Linear(1, 1).ptr();
   const auto& kinds = wrapcert::Registry::global().kinds();
-  for (int64_t i = 0; i < depth; ++i) m = kinds[i % kinds.size()].make(m);
+  for (int64_t i = 0; i < depth; ++i) m = kinds[static_cast<size_t>(i) % kinds.size()].make(m);
   return m;
 }
 
+const wrapcert::fixtures::CausalLMConfig& layout(int64_t index) {
+  static const auto configs = std::vector<wrapcert::fixtures::CausalLMConfig>{
+      wrapcert::fixtures::gemma_2b(), wrapcert::fixtures::mistral_7b()};
+  return configs.at(static_cast<size_t>(index));
+}
+
+/// The seed's FSDPv2 recipe on a full-size fixture on meta.
+ModulePtr seed_wrapped(int64_t index) {
+  const auto& config = layout(index);
+  return wrapcert::fixtures::apply_seed_recipe(
+      wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype}), config);
+}
+
+/// Peak resident set of this process in MB.
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+// ---- the floor --------------------------------------------------------------------------
+
 void BM_NamedModulesWalk(benchmark::State& state) {
-  auto tree = wrapped_tree(state.range(0));
+  auto tree = synthetic_tree(state.range(0));
   for (auto _ : state) benchmark::DoNotOptimize(tree->named_modules());
   state.SetComplexityN(state.range(0));
 }
 
+void BM_NamedParametersKeys(benchmark::State& state) {
+  auto tree = synthetic_tree(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(tree->named_parameters().keys());
+  state.SetComplexityN(state.range(0));
+}
+
+// ---- unwrap on synthetic trees ----------------------------------------------------------
+
 void BM_UnwrapReference(benchmark::State& state) {
-  auto tree = wrapped_tree(state.range(0));
+  auto tree = synthetic_tree(state.range(0));
   for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_reference(tree));
   state.SetComplexityN(state.range(0));
 }
 
 void BM_UnwrapLegacy(benchmark::State& state) {
-  auto tree = chain(state.range(0));
-  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_legacy(tree));
+  auto tree = synthetic_tree(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap(Subject::kLegacy, tree));
   state.SetComplexityN(state.range(0));
 }
 
-void BM_UnwrapReferenceChain(benchmark::State& state) {
-  auto tree = chain(state.range(0));
-  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_reference(tree));
+void BM_UnwrapDuckTyped(benchmark::State& state) {
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto tree = synthetic_tree(state.range(0));  // it rewires what it is given
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(wrapcert::unwrap_duck_typed(tree));
+  }
   state.SetComplexityN(state.range(0));
+}
+
+// ---- wrapper chains ---------------------------------------------------------------------
+
+void BM_UnwrapReferenceChain(benchmark::State& state) {
+  auto m = chain(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_reference(m));
+  state.SetComplexityN(state.range(0));
+}
+
+void BM_UnwrapLegacyChain(benchmark::State& state) {
+  auto m = chain(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_legacy(m));
+  state.SetComplexityN(state.range(0));
+}
+
+// ---- full-size layouts under the seed's recipe -----------------------------------------
+
+void BM_NamedModulesWalkLayout(benchmark::State& state) {
+  auto model = seed_wrapped(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(model->named_modules());
+  state.SetLabel(layout(state.range(0)).name);
+}
+
+void BM_UnwrapReferenceLayout(benchmark::State& state) {
+  auto model = seed_wrapped(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_reference(model));
+  state.SetLabel(layout(state.range(0)).name);
+}
+
+void BM_UnwrapLegacyLayout(benchmark::State& state) {
+  auto model = seed_wrapped(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap(Subject::kLegacy, model));
+  state.SetLabel(layout(state.range(0)).name);
+}
+
+void BM_UnwrapDuckTypedLayout(benchmark::State& state) {
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto model = seed_wrapped(state.range(0));
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(wrapcert::unwrap_duck_typed(model));
+  }
+  state.SetLabel(layout(state.range(0)).name);
+}
+
+void BM_StateDictViewLayout(benchmark::State& state) {
+  auto model = seed_wrapped(state.range(0));
+  const auto view = wrapcert::unwrap_reference(model);
+  for (auto _ : state) benchmark::DoNotOptimize(view.state_dict());
+  state.SetLabel(layout(state.range(0)).name);
+}
+
+void BM_BuildLayoutOnMeta(benchmark::State& state) {
+  const auto& config = layout(state.range(0));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype}));
+  }
+  state.counters["peak_rss_mb"] = peak_rss_mb();
+  state.SetLabel(config.name);
 }
 
 void BM_TranslateKeys(benchmark::State& state) {
-  wrapcert::fixtures::DemoConfig config;
-  config.layers = state.range(0);
-  auto wrapped =
-      wrapcert::auto_wrap(wrapcert::fixtures::make_demo_model(config),
-                          {wrapcert::fixtures::kDemoNoSplitModule}, "SpmdFullyShardedDataParallel");
-  auto tr = wrapcert::KeyTranslator::from_tree(wrapped);
+  auto model = seed_wrapped(state.range(0));
+  const auto tr = wrapcert::KeyTranslator::from_tree(model);
   std::vector<std::string> keys;
   for (const auto& [w, c] : tr.pairs()) keys.push_back(w);
   for (auto _ : state) {
     for (const auto& k : keys) benchmark::DoNotOptimize(tr.to_clean(k));
   }
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(keys.size()));
+  state.SetLabel(layout(state.range(0)).name);
 }
+
+// ---- property throughput ----------------------------------------------------------------
 
 /// 64 specs drawn from the property suite's generator (fixed seed, size 50).
 const std::vector<wrapcert::gen::TreeSpec>& sample_specs() {
@@ -101,7 +204,7 @@ const std::vector<wrapcert::gen::TreeSpec>& sample_specs() {
 template <typename Check>
 void run_property(benchmark::State& state, Check check) {
   const auto& specs = sample_specs();
-  const auto reference = wrapcert::props::subject(wrapcert::Subject::kReference);
+  const auto reference = wrapcert::props::subject(Subject::kReference);
   size_t i = 0;
   for (auto _ : state) benchmark::DoNotOptimize(check(specs[i++ % specs.size()], reference));
   state.SetItemsProcessed(state.iterations());  // cases
@@ -124,31 +227,31 @@ void BM_PropertyBackward(benchmark::State& state) {
   });
 }
 
+// clang-format off
+BENCHMARK(BM_NamedModulesWalk)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
+BENCHMARK(BM_NamedParametersKeys)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapReference)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Arg(60000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapLegacy)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Arg(60000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapDuckTyped)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Arg(60000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapReferenceChain)->ArgName("depth")->RangeMultiplier(10)->Range(1, 10000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapLegacyChain)->ArgName("depth")->RangeMultiplier(10)->Range(1, 10000)->Complexity(benchmark::oN);
+BENCHMARK(BM_NamedModulesWalkLayout)->ArgName("layout")->Arg(0)->Arg(1);
+BENCHMARK(BM_UnwrapReferenceLayout)->ArgName("layout")->Arg(0)->Arg(1);
+BENCHMARK(BM_UnwrapLegacyLayout)->ArgName("layout")->Arg(0)->Arg(1);
+BENCHMARK(BM_UnwrapDuckTypedLayout)->ArgName("layout")->Arg(0)->Arg(1);
+BENCHMARK(BM_StateDictViewLayout)->ArgName("layout")->Arg(0)->Arg(1);
+BENCHMARK(BM_BuildLayoutOnMeta)->ArgName("layout")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TranslateKeys)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyBackward);
-BENCHMARK(BM_NamedModulesWalk)
-    ->ArgName("modules")
-    ->RangeMultiplier(10)
-    ->Range(100, 100000)
-    ->Complexity();
-BENCHMARK(BM_UnwrapReference)
-    ->ArgName("modules")
-    ->RangeMultiplier(10)
-    ->Range(100, 100000)
-    ->Complexity();
-BENCHMARK(BM_UnwrapLegacy)->ArgName("depth")->RangeMultiplier(10)->Range(1, 10000)->Complexity();
-BENCHMARK(BM_UnwrapReferenceChain)
-    ->ArgName("depth")
-    ->RangeMultiplier(10)
-    ->Range(1, 10000)
-    ->Complexity();
-BENCHMARK(BM_TranslateKeys)->ArgName("layers")->Arg(18)->Arg(32);
+// clang-format on
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::AddCustomContext("wrapcert_version", "0.1.0");
+  benchmark::AddCustomContext("wrapcert_version", WRAPCERT_VERSION);
   benchmark::AddCustomContext("libtorch_version", TORCH_VERSION);
+  benchmark::AddCustomContext("layouts", "layout:0 = gemma-2b, layout:1 = mistral-7b");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The Python baseline for wrapcert's benchmark report: the duck-typed recursive unwrap
+(accelerate's extract_model_from_parallel(recursive=True)) on real PyTorch (Debian's
+python3-torch), on the same layouts as the C++ benchmarks, on the meta device. Writes Google
+Benchmark's JSON format so tools/bench_report.py and tools/bench_compare.py read it as they read
+the C++ runs.
+
+    /usr/bin/python3 bench/python_baseline.py --out python.json [--repetitions 9]
+"""
+import argparse
+import json
+import platform
+import time
+
+import torch
+import torch.nn as nn
+
+LAYOUTS = {  # name: (vocab, hidden, intermediate, layers, heads, kv_heads, head_dim, tied, prefix)
+    "gemma-2b": (256000, 2048, 16384, 18, 8, 1, 256, True, "Gemma"),
+    "mistral-7b": (32000, 4096, 14336, 32, 32, 8, 128, False, "Mistral"),
+}
+
+
+def linear(i, o):
+    return nn.Linear(i, o, bias=False, device="meta")
+
+
+def causal_lm(name):
+    vocab, hidden, inter, layers, heads, kv, hd, tied, _ = LAYOUTS[name]
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj = linear(hidden, heads * hd), linear(hidden, kv * hd)
+            self.v_proj, self.o_proj = linear(hidden, kv * hd), linear(heads * hd, hidden)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = linear(hidden, inter), linear(hidden, inter)
+            self.down_proj = linear(inter, hidden)
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(hidden, device="meta"))
+
+    class DecoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn, self.mlp = Attention(), MLP()
+            self.input_layernorm, self.post_attention_layernorm = Norm(), Norm()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(vocab, hidden, device="meta")
+            self.layers = nn.ModuleList([DecoderLayer() for _ in range(layers)])
+            self.norm = Norm()
+
+    class ForCausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Model()
+            self.lm_head = linear(hidden, vocab)
+            if tied:
+                self.lm_head.weight = self.model.embed_tokens.weight
+
+    return ForCausalLM(), DecoderLayer
+
+
+class Node(nn.Module):
+    pass
+
+
+class SpmdFullyShardedDataParallel(nn.Module):
+    """Stand-in with torch_xla's layout (`_orig_module`, `module` aliasing it)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self._orig_module = module
+
+    @property
+    def module(self):
+        return self._orig_module
+
+
+def seed_wrapped(name):
+    model, layer_cls = causal_lm(name)
+    for i, layer in enumerate(model.model.layers):
+        model.model.layers[i] = SpmdFullyShardedDataParallel(layer)
+    return SpmdFullyShardedDataParallel(model)
+
+
+def synthetic_tree(n):
+    """As the C++ benchmark's: 4 children per node, every 8th a Linear leaf, every 4th wrapped."""
+    root = Node()
+    frontier, count, i = [root], 1, 0
+    while count < n and i < len(frontier):
+        parent = frontier[i]
+        i += 1
+        for c in range(4):
+            if count >= n:
+                break
+            leaf = count % 8 == 0
+            child = linear(1, 1) if leaf else Node()
+            if not leaf:
+                frontier.append(child)
+            if count % 4 == 0:
+                child = SpmdFullyShardedDataParallel(child)
+            parent.add_module(str(c), child)
+            count += 1
+    return root
+
+
+def recursive_unwrap(module):
+    """accelerate's extract_model_from_parallel(recursive=True)."""
+    unwrapped = recursive_unwrap(module.module) if hasattr(module, "module") else module
+    for name, child in unwrapped.named_children():
+        setattr(unwrapped, name, recursive_unwrap(child))
+    return unwrapped
+
+
+def measure(build, repetitions):
+    times = []
+    for _ in range(repetitions):
+        model = build()  # the unwrap rewires what it is given: a fresh model each time
+        start = time.perf_counter_ns()
+        recursive_unwrap(model)
+        times.append(time.perf_counter_ns() - start)
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--repetitions", type=int, default=9)
+    args = parser.parse_args()
+    cases = [("BM_PythonDuckTypedLayout/layout:0", lambda: seed_wrapped("gemma-2b")),
+             ("BM_PythonDuckTypedLayout/layout:1", lambda: seed_wrapped("mistral-7b"))]
+    for n in (100, 1000, 10000, 60000, 100000):
+        cases.append((f"BM_PythonDuckTyped/modules:{n}", lambda n=n: synthetic_tree(n)))
+    benchmarks = []
+    for name, build in cases:
+        for rep, ns in enumerate(measure(build, args.repetitions)):
+            benchmarks.append({"name": name, "run_name": name, "run_type": "iteration",
+                               "repetitions": args.repetitions, "repetition_index": rep,
+                               "iterations": 1, "real_time": ns, "cpu_time": ns,
+                               "time_unit": "ns"})
+    context = {"python": platform.python_version(), "torch_version": torch.__version__,
+               "host_name": platform.node(), "executable": "python_baseline.py"}
+    with open(args.out, "w") as f:
+        json.dump({"context": context, "benchmarks": benchmarks}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
