@@ -69,8 +69,9 @@ def main():
         floor = medians.get(f"BM_NamedModulesWalk/modules:{n}")
         py = medians.get(f"BM_PythonDuckTyped/modules:{n}")
         if ref:
-            ratios.append(f"| {n} | {ref / floor:.2f}x |" + (f" {py / ref:.0f}x |" if py else " - |")
-                          if floor else f"| {n} | - | - |")
+            vs_floor = f"{ref / floor:.2f}x" if floor else "-"
+            vs_python = f"{py / ref:.0f}x" if py else "-"
+            ratios.append(f"| {n} | {vs_floor} | {vs_python} |")
     for i, name in enumerate(("gemma-2b", "mistral-7b")):
         ref = medians.get(f"BM_UnwrapReferenceLayout/layout:{i}")
         floor = medians.get(f"BM_NamedModulesWalkLayout/layout:{i}")
