@@ -9,11 +9,19 @@ the C++ runs.
 """
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 
 import torch
 import torch.nn as nn
+
+# The same stand-in wrapper and the same recursive unwrap as the TPU bridge script.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools",
+                                "tpu_bridge"))
+from seed_unwrap import EmulatedSpmdFullyShardedDataParallel as SpmdFullyShardedDataParallel  # noqa: E402
+from seed_unwrap import recursive_unwrap  # noqa: E402
 
 LAYOUTS = {  # name: (vocab, hidden, intermediate, layers, heads, kv_heads, head_dim, tied, prefix)
     "gemma-2b": (256000, 2048, 16384, 18, 8, 1, 256, True, "Gemma"),
@@ -73,18 +81,6 @@ class Node(nn.Module):
     pass
 
 
-class SpmdFullyShardedDataParallel(nn.Module):
-    """Stand-in with torch_xla's layout (`_orig_module`, `module` aliasing it)."""
-
-    def __init__(self, module):
-        super().__init__()
-        self._orig_module = module
-
-    @property
-    def module(self):
-        return self._orig_module
-
-
 def seed_wrapped(name):
     model, layer_cls = causal_lm(name)
     for i, layer in enumerate(model.model.layers):
@@ -111,14 +107,6 @@ def synthetic_tree(n):
             parent.add_module(str(c), child)
             count += 1
     return root
-
-
-def recursive_unwrap(module):
-    """accelerate's extract_model_from_parallel(recursive=True)."""
-    unwrapped = recursive_unwrap(module.module) if hasattr(module, "module") else module
-    for name, child in unwrapped.named_children():
-        setattr(unwrapped, name, recursive_unwrap(child))
-    return unwrapped
 
 
 def measure(build, repetitions):

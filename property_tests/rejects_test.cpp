@@ -50,8 +50,12 @@ std::vector<Case> cases() {
   const auto duck = subject(Subject::kDuckTyped);
   return {
       {"P1KeysRejectsLegacy", with(&props::keys, legacy), {}},
-      {"P1KeysRejectsSkippingContainers", with(&props::keys, faulty::skips_wrappers_in_containers()), {}},
-      {"P1KeysRejectsStoppingAfterTwoLevels", with(&props::keys, faulty::stops_after_two_levels()), {}},
+      {"P1KeysRejectsSkippingContainers",
+       with(&props::keys, faulty::skips_wrappers_in_containers()),
+       {}},
+      {"P1KeysRejectsStoppingAfterTwoLevels",
+       with(&props::keys, faulty::stops_after_two_levels()),
+       {}},
       {"P1KeysRejectsReordering", with(&props::keys, faulty::reorders_keys()), {}},
       {"P2IdentityRejectsCopies", with(identity, faulty::copies_tensors()), {}},
       {"P3TiesRejectsUntying", with(ties, faulty::unties_weights()), {}},

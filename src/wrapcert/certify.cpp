@@ -128,16 +128,6 @@ Entry run_generated(const std::string& kind, const GeneratedProperty& property,
   return entry;
 }
 
-std::set<std::vector<std::string>> tie_groups(const StateDict& state) {
-  std::map<const void*, std::vector<std::string>> by;
-  for (const auto& item : state) by[item.value().unsafeGetTensorImpl()].push_back(item.key());
-  std::set<std::vector<std::string>> groups;
-  for (auto& [impl, keys] : by) {
-    if (keys.size() > 1) groups.insert(keys);
-  }
-  return groups;
-}
-
 /// Every decoder layer and the root wrapped in `kind`.
 ModulePtr wrap_fixture(const ModulePtr& model, const fixtures::CausalLMConfig& config,
                        const std::string& kind) {
@@ -188,7 +178,7 @@ std::vector<Entry> run_layout(const std::string& kind, const fixtures::CausalLMC
             break;
           }
         }
-      } else if (property == "P3 ties" && tie_groups(state) != tie_groups(original)) {
+      } else if (property == "P3 ties" && props::tie_groups(state) != props::tie_groups(original)) {
         fail("tied keys no longer share one tensor", "lm_head.weight");
       }
     } catch (const std::exception& e) {

@@ -57,19 +57,6 @@ std::string key_difference(const std::vector<std::string>& got,
   return {};
 }
 
-/// Keys grouped by the tensor they share: each group of two or more keys.
-std::set<std::vector<std::string>> tie_groups(const StateDict& state) {
-  std::map<const void*, std::vector<std::string>> by_tensor;
-  for (const auto& item : state) {
-    by_tensor[item.value().unsafeGetTensorImpl()].push_back(item.key());
-  }
-  std::set<std::vector<std::string>> groups;
-  for (auto& [impl, ks] : by_tensor) {
-    if (ks.size() > 1) groups.insert(ks);
-  }
-  return groups;
-}
-
 void reset_calls(const gen::Built& built) {
   for (const auto& w : built.wrappers) w->reset_calls();
 }
@@ -120,6 +107,18 @@ gen::TreeSpec shuffled(gen::TreeSpec spec, uint64_t seed) {
 }
 
 }  // namespace
+
+std::set<std::vector<std::string>> tie_groups(const StateDict& state) {
+  std::map<const void*, std::vector<std::string>> by_tensor;
+  for (const auto& item : state) {
+    by_tensor[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  }
+  std::set<std::vector<std::string>> groups;
+  for (auto& [impl, ks] : by_tensor) {
+    if (ks.size() > 1) groups.insert(ks);
+  }
+  return groups;
+}
 
 UnwrapSubject subject(Subject s) {
   switch (s) {

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 namespace wrapcert::props {
@@ -38,6 +39,9 @@ struct Verdict {
   std::string reason;
   std::string key;  ///< the offending key or path, when there is one
 };
+
+/// Keys grouped by the tensor they share: every group of two or more keys (what P3 compares).
+std::set<std::vector<std::string>> tie_groups(const StateDict& state);
 
 Verdict keys(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P1
 Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P2
