@@ -8,12 +8,16 @@ namespace wrapcert::testing {
 
 Rejection find_rejection(const rc::Gen<gen::TreeSpec>& trees, const PropertyFn& property) {
   auto shrunk = std::make_shared<gen::TreeSpec>();
+  auto key = std::make_shared<std::string>();
   const auto result = rc::detail::checkTestable(
       [=] {
         const auto spec = *trees;
         const auto verdict = property(spec);
         // Shrinking accepts each smaller failing case in turn: the last one is the minimum.
-        if (!verdict.passed && !verdict.skipped) *shrunk = spec;
+        if (!verdict.passed && !verdict.skipped) {
+          *shrunk = spec;
+          *key = verdict.key;
+        }
         assert_verdict(verdict);
       },
       rc::detail::TestMetadata{}, rc::detail::configuration().testParams);
@@ -27,7 +31,7 @@ Rejection find_rejection(const rc::Gen<gen::TreeSpec>& trees, const PropertyFn& 
   }
   out.rejected = true;
   out.message = failure.description;
-  for (const auto& [type, value] : failure.counterExample) out.counterexample += value + "\n";
+  out.counterexample = gen::describe(*shrunk, *key);
   out.modules = gen::stats(*shrunk).modules;
   return out;
 }

@@ -118,7 +118,7 @@ Entry run_generated(const std::string& kind, const GeneratedProperty& property,
     entry.status = Status::kFailed;
     entry.reason = verdict->reason.empty() ? failure.description : verdict->reason;
     entry.key = verdict->key;
-    entry.counterexample = gen::describe(*shrunk);
+    entry.counterexample = gen::describe(*shrunk, verdict->key);
   } else if (result.match(gave_up)) {
     entry.status = Status::kSkipped;
     entry.reason = "too few generated cases apply: " + gave_up.description;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <ostream>
 #include <set>
+#include <sstream>
 
 namespace wrapcert::gen {
 namespace {
@@ -105,14 +106,22 @@ rc::Gen<TreeSpec> trees(GenOptions options) {
                            rc::gen::set(&NodeSpec::wrappers, stack(root_options, true, true)))));
 }
 
-std::string describe(const TreeSpec& spec) {
+std::string describe(const TreeSpec& spec, const std::string& highlight) {
   try {
     const auto built = build(spec, {c10::kDouble, 0, true});
-    std::string out =
-        format_tree(built.root) + "\nwrapped keys:\n" + format_keys(state_dict(built.root));
+    std::string listing;
+    std::istringstream lines(format_keys(state_dict(built.root)));
+    for (std::string line; std::getline(lines, line);) {
+      const auto key = line.substr(0, line.find(' '));
+      const bool hit = !highlight.empty() &&
+                       (key == highlight || (key.size() > highlight.size() &&
+                                             key.compare(key.size() - highlight.size() - 1,
+                                                         std::string::npos, "." + highlight) == 0));
+      listing += line + (hit ? "  <-- here" : "") + "\n";
+    }
     const auto s = stats(spec);
-    out += std::to_string(s.modules) + " modules, " + std::to_string(s.wrappers) + " wrappers";
-    return out;
+    return format_tree(built.root) + "\nwrapped keys:\n" + listing + std::to_string(s.modules) +
+           " modules, " + std::to_string(s.wrappers) + " wrappers";
   } catch (const std::exception& e) {
     return std::string("<spec does not build: ") + e.what() + ">";
   }
