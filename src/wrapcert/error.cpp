@@ -26,6 +26,8 @@ std::string_view to_string(ErrorCode code) {
       return "unknown key";
     case ErrorCode::kNotForwardable:
       return "not forwardable";
+    case ErrorCode::kMalformedInput:
+      return "malformed input";
   }
   return "error";
 }

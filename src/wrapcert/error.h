@@ -24,6 +24,7 @@ enum class ErrorCode {
   kKeyCollision,     ///< a key translation that is not one-to-one
   kUnknownKey,       ///< a state-dict key that the tree does not have
   kNotForwardable,   ///< a module type wrapcert cannot call `forward` on
+  kMalformedInput,   ///< a damaged or unreadable file
 };
 
 std::string_view to_string(ErrorCode code);

@@ -1,0 +1,217 @@
+#include <wrapcert/error.h>
+#include <wrapcert/safetensors.h>
+
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <unordered_map>
+
+namespace wrapcert {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxHeader = 100u * 1024u * 1024u;  // what Hugging Face's reader accepts
+
+const std::vector<std::pair<std::string, c10::ScalarType>>& dtypes() {
+  static const std::vector<std::pair<std::string, c10::ScalarType>> table = {
+      {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf},  {"BF16", c10::kBFloat16},
+      {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
+      {"U8", c10::kByte},    {"BOOL", c10::kBool}};
+  return table;
+}
+
+Error damaged(const std::string& path, const std::string& key, const std::string& what) {
+  return Error(ErrorCode::kMalformedInput, key, path + ": " + what);
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw damaged(path, "", "cannot open the file");
+  SafetensorsHeader header;
+  header.file_size = static_cast<uint64_t>(in.tellg());
+  if (header.file_size < 8) throw damaged(path, "", "shorter than the 8-byte header length");
+  in.seekg(0);
+  unsigned char length_bytes[8];
+  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
+  if (length > kMaxHeader || length > header.file_size - 8) {
+    throw damaged(path, "",
+                  "header length " + std::to_string(length) + " exceeds the file (" +
+                      std::to_string(header.file_size) + " bytes)");
+  }
+  std::string text(length, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(length));
+  header.data_offset = 8 + length;
+  const uint64_t data_size = header.file_size - header.data_offset;
+
+  ordered_json j;
+  try {
+    j = ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(path, "", std::string("the header is not JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw damaged(path, "", "the header is not a JSON object");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) throw damaged(path, key, "__metadata__ is not an object");
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string()) throw damaged(path, key + "." + k, "metadata values must be strings");
+        header.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
+        !value.contains("data_offsets")) {
+      throw damaged(path, key, "an entry needs dtype, shape and data_offsets");
+    }
+    SafetensorsEntry entry;
+    entry.key = key;
+    const auto dtype_name = value["dtype"].is_string() ? value["dtype"].get<std::string>() : "";
+    const auto found = std::find_if(dtypes().begin(), dtypes().end(),
+                                    [&](const auto& d) { return d.first == dtype_name; });
+    if (found == dtypes().end()) throw damaged(path, key, "unknown dtype '" + dtype_name + "'");
+    entry.dtype = found->second;
+    if (!value["shape"].is_array()) throw damaged(path, key, "shape is not a list");
+    uint64_t numel = 1;
+    for (const auto& d : value["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+        throw damaged(path, key, "shape holds something other than a non-negative integer");
+      }
+      entry.shape.push_back(d.get<int64_t>());
+      numel *= static_cast<uint64_t>(d.get<int64_t>());
+    }
+    const auto& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      throw damaged(path, key, "data_offsets must be two non-negative integers");
+    }
+    entry.begin = offsets[0].get<uint64_t>();
+    entry.end = offsets[1].get<uint64_t>();
+    if (entry.begin > entry.end || entry.end > data_size) {
+      throw damaged(path, key,
+                    "data offsets [" + std::to_string(entry.begin) + ", " +
+                        std::to_string(entry.end) + ") lie outside the " +
+                        std::to_string(data_size) + "-byte data section");
+    }
+    const uint64_t bytes = numel * c10::elementSize(entry.dtype);
+    if (entry.end - entry.begin != bytes) {
+      throw damaged(path, key,
+                    "data offsets span " + std::to_string(entry.end - entry.begin) +
+                        " bytes, the dtype and shape need " + std::to_string(bytes));
+    }
+    ranges.emplace_back(entry.begin, entry.end);
+    header.tensors.push_back(std::move(entry));
+  }
+  std::vector<size_t> order(header.tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const auto& prev = header.tensors[order[i - 1]];
+    const auto& cur = header.tensors[order[i]];
+    if (cur.begin < prev.end && cur.begin != cur.end) {
+      throw damaged(path, cur.key, "its data overlaps '" + prev.key + "'");
+    }
+  }
+  return header;
+}
+
+StateDict load_safetensors(const std::string& path) {
+  const auto header = read_safetensors_header(path);
+  std::ifstream in(path, std::ios::binary);
+  std::unordered_map<std::string, torch::Tensor> stored;
+  for (const auto& e : header.tensors) {
+    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+    in.seekg(static_cast<std::streamoff>(header.data_offset + e.begin));
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+    if (!in) throw damaged(path, e.key, "the data section ends early");
+    stored.emplace(e.key, t);
+  }
+  StateDict state;
+  const auto order = header.metadata.find("wrapcert.order");
+  const auto aliases = header.metadata.find("wrapcert.aliases");
+  if (order == header.metadata.end()) {
+    for (const auto& e : header.tensors) state.insert(e.key, stored.at(e.key));
+    return state;
+  }
+  try {
+    const auto keys = nlohmann::json::parse(order->second);
+    const auto alias = aliases == header.metadata.end() ? nlohmann::json::object()
+                                                        : nlohmann::json::parse(aliases->second);
+    for (const auto& k : keys) {
+      const auto key = k.get<std::string>();
+      const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
+      const auto it = stored.find(target);
+      if (it == stored.end()) throw damaged(path, key, "an alias of a tensor the file lacks");
+      state.insert(key, it->second);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
+  }
+  return state;
+}
+
+void save_safetensors(const std::string& path, const StateDict& state,
+                      const std::map<std::string, std::string>& metadata) {
+  ordered_json header = ordered_json::object();
+  nlohmann::json order = nlohmann::json::array();
+  nlohmann::json aliases = nlohmann::json::object();
+  std::unordered_map<const void*, std::string> first_key;
+  std::vector<torch::Tensor> blobs;
+  uint64_t offset = 0;
+  ordered_json entries = ordered_json::object();
+  for (const auto& item : state) {
+    order.push_back(item.key());
+    const auto* impl = item.value().unsafeGetTensorImpl();
+    if (auto it = first_key.find(impl); it != first_key.end()) {
+      aliases[item.key()] = it->second;  // a tied weight: stored once
+      continue;
+    }
+    first_key.emplace(impl, item.key());
+    const auto t = item.value().detach().to(torch::kCPU).contiguous();
+    const auto name = std::find_if(dtypes().begin(), dtypes().end(),
+                                   [&](const auto& d) { return d.second == t.scalar_type(); });
+    if (name == dtypes().end()) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(), "safetensors has no dtype for it");
+    }
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    entries[item.key()] = {{"dtype", name->first},
+                           {"shape", t.sizes().vec()},
+                           {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    blobs.push_back(t);
+  }
+  ordered_json meta = ordered_json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  meta["wrapcert.order"] = order.dump();
+  if (!aliases.empty()) meta["wrapcert.aliases"] = aliases.dump();
+  header["__metadata__"] = meta;
+  for (const auto& [k, v] : entries.items()) header[k] = v;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the data section, as HF does
+
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    uint64_t length = text.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xff));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& t : blobs) {
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * t.element_size()));
+    }
+    if (!out.flush()) throw Error(ErrorCode::kInvalidArgument, path, "cannot write the file");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw Error(ErrorCode::kInvalidArgument, path, "cannot move the file into place");
+  }
+}
+
+}  // namespace wrapcert

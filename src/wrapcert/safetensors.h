@@ -1,0 +1,50 @@
+#pragma once
+/// Reading and writing safetensors files: an 8-byte little-endian header length, a JSON header
+/// (dtype, shape, data offsets per tensor), then the data.
+///
+///   auto header = wrapcert::read_safetensors_header("model.safetensors");  // validated
+///   auto state = wrapcert::load_safetensors("model.safetensors");
+///   wrapcert::save_safetensors("clean.safetensors", wrapcert::unwrap_reference(m).state_dict());
+///
+/// Damage is an `Error` (kMalformedInput) naming the file and, where there is one, the key.
+
+#include <wrapcert/view.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace wrapcert {
+
+struct SafetensorsEntry {
+  std::string key;
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  ///< offsets into the data section
+  uint64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> tensors;  ///< in the header's order
+  std::map<std::string, std::string> metadata;
+  uint64_t data_offset = 0;  ///< where the data section starts in the file
+  uint64_t file_size = 0;
+};
+
+/// Reads and validates the header: length within the file, JSON that parses, known dtypes,
+/// non-negative shapes, offsets inside the data section matching each tensor's size, no two
+/// tensors overlapping, no duplicate keys.
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
+/// Every tensor, on the CPU. Keys saved as aliases of another (tied weights written once) come
+/// back as the same tensor, in the order they were saved.
+StateDict load_safetensors(const std::string& path);
+
+/// Writes `state` the way Hugging Face does: a tensor shared by several keys (a tied weight) is
+/// stored once, under its first key; the others are recorded as aliases in `__metadata__`.
+/// Written through a temporary file and a rename, so a reader never sees half a file.
+void save_safetensors(const std::string& path, const StateDict& state,
+                      const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace wrapcert
