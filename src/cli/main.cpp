@@ -1,9 +1,11 @@
 // wrapcert: the command-line tool. `wrapcert demo` shows the seed's bug and its fix.
 
 #include <wrapcert/certify.h>
+#include <wrapcert/check_keys.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/demo.h>
 #include <wrapcert/hardware.h>
+#include <wrapcert/safetensors.h>
 #include <wrapcert/wrapcert.h>
 
 #include <CLI/CLI.hpp>
@@ -65,6 +67,7 @@ struct FixtureOptions {
   bool keys = false;
   bool wrapped = false;
   bool libtorch_style = false;
+  std::string save;
 };
 
 wrapcert::PrintOptions print_options(bool libtorch_style) {
@@ -86,12 +89,73 @@ int run_fixture(const FixtureOptions& o) {
   const auto config = wrapcert::fixtures::config_named(o.name);
   auto model = build_fixture(config, o.device);
   if (o.wrapped) model = wrapcert::fixtures::apply_seed_recipe(model, config);
+  if (!o.save.empty()) {
+    wrapcert::save_safetensors(o.save, wrapcert::state_dict(model), {{"format", "pt"}});
+    return 0;
+  }
   if (o.keys) {
     std::cout << wrapcert::format_keys(wrapcert::state_dict(model));
   } else {
     std::cout << wrapcert::format_tree(model, print_options(o.libtorch_style)) << "\n";
   }
   return 0;
+}
+
+struct CheckKeysOptions {
+  std::string file;
+  std::string fixture;
+  std::string against;
+  std::string listing;
+  std::string fix;
+};
+
+/// 0 clean, 1 fixable (with --fix: fixed), 2 broken.
+int run_check_keys(const CheckKeysOptions& o) {
+  std::vector<wrapcert::KeyInfo> expected;
+  if (!o.fixture.empty()) {
+    const auto config = wrapcert::fixtures::config_named(o.fixture);
+    expected = wrapcert::key_infos(wrapcert::state_dict(
+        wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype})));
+  } else if (!o.against.empty()) {
+    expected = wrapcert::key_infos(wrapcert::read_safetensors_header(o.against));
+  } else {
+    std::ifstream in(o.listing);
+    if (!in) {
+      throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, o.listing,
+                            "cannot read the key listing");
+    }
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) expected.push_back({line.substr(0, line.find(' ')), {}, c10::kFloat});
+    }
+  }
+  const auto header = wrapcert::read_safetensors_header(o.file);
+  auto found = wrapcert::key_infos(header);
+  if (!o.listing.empty()) {  // a listing has keys only
+    for (auto& f : found) {
+      for (auto& e : expected) {
+        if (e.key == f.key) e = f;
+      }
+    }
+  }
+  auto report = wrapcert::check_keys(found, expected);
+  if (!o.listing.empty()) report.mismatched.clear();
+  std::cout << wrapcert::to_text(report);
+  if (report.status == wrapcert::KeyStatus::kFixable && !o.fix.empty()) {
+    const auto state = wrapcert::load_safetensors(o.file);
+    wrapcert::StateDict fixed;
+    for (const auto& item : state) {
+      std::string key = item.key();
+      for (const auto& [from, to] : report.translation) {
+        if (from == key) key = to;
+      }
+      fixed.insert(key, item.value());
+    }
+    wrapcert::save_safetensors(o.fix, fixed, header.metadata);
+    std::cout << "wrote " << o.fix << "\n";
+  }
+  return report.status == wrapcert::KeyStatus::kClean     ? 0
+         : report.status == wrapcert::KeyStatus::kFixable ? 1
+                                                          : 2;
 }
 
 /// The seed thread, replicated: gemma-2b full size on meta, FSDPv2 on the root and every layer.
@@ -213,7 +277,28 @@ int main(int argc, char** argv) {
   fixture_cmd->add_flag("--wrapped", fixture.wrapped, "apply the seed's FSDPv2 recipe first");
   fixture_cmd->add_flag("--libtorch-style", fixture.libtorch_style,
                         "print as LibTorch's operator<<");
+  fixture_cmd->add_option("--save", fixture.save, "write its state dict as safetensors");
   fixture_cmd->callback([&] { std::exit(run_fixture(fixture)); });
+
+  CheckKeysOptions check;
+  auto* check_cmd = app.add_subcommand(
+      "check-keys",
+      "Compare a checkpoint's keys with a model's; exit 0 clean, 1 fixable, 2 broken");
+  check_cmd->add_option("file", check.file, "a safetensors checkpoint")->required();
+  auto* against_fixture = check_cmd->add_option("--fixture", check.fixture, "a fixture's keys")
+                              ->check(CLI::IsMember(fixture_names));
+  auto* against_file =
+      check_cmd->add_option("--against", check.against, "another safetensors checkpoint");
+  auto* against_listing = check_cmd->add_option("--keys", check.listing, "a key listing file");
+  against_fixture->excludes(against_file)->excludes(against_listing);
+  against_file->excludes(against_listing);
+  check_cmd->add_option("--fix", check.fix, "write the translated checkpoint here (atomically)");
+  check_cmd->callback([&] {
+    if (check.fixture.empty() && check.against.empty() && check.listing.empty()) {
+      throw CLI::RequiredError("--fixture, --against or --keys");
+    }
+    std::exit(run_check_keys(check));
+  });
 
   FixtureOptions seed;
   auto* seed_cmd = app.add_subcommand(
@@ -257,6 +342,10 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
   } catch (const wrapcert::Error& e) {
     std::cerr << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::cerr << "wrapcert: " << what.substr(0, what.find('\n')) << "\n";
     return 2;
   }
   return 0;

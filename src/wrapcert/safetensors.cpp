@@ -175,6 +175,10 @@ void save_safetensors(const std::string& path, const StateDict& state,
       continue;
     }
     first_key.emplace(impl, item.key());
+    if (item.value().is_meta()) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(),
+                  "a tensor on the meta device has no data to save");
+    }
     const auto t = item.value().detach().to(torch::kCPU).contiguous();
     const auto name = std::find_if(dtypes().begin(), dtypes().end(),
                                    [&](const auto& d) { return d.second == t.scalar_type(); });

@@ -1,0 +1,64 @@
+#include <wrapcert/check_keys.h>
+#include <wrapcert/fixtures/causal_lm.h>
+#include <wrapcert/wrapcert.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace wrapcert {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::Pair;
+
+KeyInfo info(const std::string& key, std::vector<int64_t> shape = {2}) {
+  return {key, std::move(shape), c10::kFloat};
+}
+
+TEST(CheckKeys, FindsTheTranslationForTheSeedsCheckpoint) {
+  const auto config = fixtures::tiny_gemma();
+  auto wrapped =
+      fixtures::apply_seed_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
+  const auto expected = key_infos(state_dict(fixtures::make_causal_lm(config, {c10::kMeta})));
+  const auto report = check_keys(key_infos(state_dict(wrapped)), expected);
+  EXPECT_EQ(report.status, KeyStatus::kFixable) << to_text(report);
+  EXPECT_EQ(report.translation.size(), expected.size());
+  EXPECT_THAT(report.translation,
+              Contains(Pair("_orig_module.model.layers.1._orig_module.mlp.up_proj.weight",
+                            "model.layers.1.mlp.up_proj.weight")));
+  EXPECT_THAT(report.leftover,
+              Contains(Pair("_orig_module.model.norm.weight", "component 0: _orig_module")));
+  EXPECT_EQ(check_keys(expected, expected).status, KeyStatus::kClean);
+}
+
+TEST(CheckKeys, LeavesAUserChildNamedModuleAlone) {
+  const std::vector<KeyInfo> expected{info("a.module.weight"), info("b.weight")};
+  const auto report =
+      check_keys({info("module.a.module.weight"), info("module.b.weight")}, expected);
+  EXPECT_EQ(report.status, KeyStatus::kFixable);
+  EXPECT_THAT(report.translation, ElementsAre(Pair("module.a.module.weight", "a.module.weight"),
+                                              Pair("module.b.weight", "b.weight")));
+}
+
+TEST(CheckKeys, ReportsMissingUnexpectedAndMismatchedKeys) {
+  const std::vector<KeyInfo> expected{info("a.weight"), info("b.weight"), info("c.weight")};
+  const auto report =
+      check_keys({info("module.a.weight", {3}), info("b.weight"), info("zzz.weight")}, expected);
+  EXPECT_EQ(report.status, KeyStatus::kBroken);
+  EXPECT_THAT(report.missing, ElementsAre("c.weight"));
+  EXPECT_THAT(report.unexpected, ElementsAre("zzz.weight"));
+  ASSERT_EQ(report.mismatched.size(), 1u);
+  EXPECT_THAT(report.mismatched[0], ::testing::HasSubstr("found [3] float32, expected [2]"));
+}
+
+TEST(CheckKeys, RefusesATranslationThatIsNotOneToOne) {
+  // Both would become `w.weight`: a collapse, not a fix.
+  const auto report =
+      check_keys({info("module.w.weight"), info("_orig_mod.w.weight")}, {info("w.weight")});
+  EXPECT_EQ(report.status, KeyStatus::kBroken);
+  EXPECT_EQ(report.unexpected.size(), 1u);
+}
+
+}  // namespace
+}  // namespace wrapcert

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `wrapcert check-keys` as a pipeline runs it: a checkpoint saved from the seed's wrapped model
+# is fixable (exit 1), --fix writes a clean one (exit 0), a wrong model is broken (exit 2), and
+# a damaged file is an error naming the file (exit 2).
+#   tools/test_check_keys.sh path/to/wrapcert
+set -uo pipefail
+tool=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$tool" fixture tiny-gemma --wrapped --device cpu --save "$dir/wrapped.safetensors" || fail "save"
+"$tool" check-keys "$dir/wrapped.safetensors" --fixture tiny-gemma --fix "$dir/clean.safetensors" \
+  > "$dir/out.txt"
+[ $? -eq 1 ] || fail "a wrapped checkpoint should be fixable"
+grep -q "_orig_module.model.layers.0._orig_module.mlp.up_proj.weight -> model.layers.0.mlp.up_proj.weight" \
+  "$dir/out.txt" || fail "the translation is not reported"
+"$tool" check-keys "$dir/clean.safetensors" --fixture tiny-gemma > /dev/null
+[ $? -eq 0 ] || fail "the fixed checkpoint should be clean"
+"$tool" check-keys "$dir/clean.safetensors" --fixture tiny-mistral > /dev/null
+[ $? -eq 2 ] || fail "another model's checkpoint should be broken"
+head -c 20 "$dir/clean.safetensors" > "$dir/damaged.safetensors"
+"$tool" check-keys "$dir/damaged.safetensors" --fixture tiny-gemma 2> "$dir/err.txt"
+[ $? -eq 2 ] || fail "a damaged file should fail"
+grep -q "damaged.safetensors" "$dir/err.txt" || fail "the error should name the file"
+echo "check-keys: fixable, fixed, clean, broken and damaged cases as expected"
