@@ -2,9 +2,11 @@
 # `wrapcert check-keys` as a pipeline runs it: a checkpoint saved from the seed's wrapped model
 # is fixable (exit 1), --fix writes a clean one (exit 0), a wrong model is broken (exit 2), and
 # a damaged file is an error naming the file (exit 2).
+# Also a checkpoint that PyTorch's own DataParallel saved (fixtures/golden/torch_save).
 #   tools/test_check_keys.sh path/to/wrapcert
 set -uo pipefail
 tool=$1
+golden=$(cd "$(dirname "$0")/../fixtures/golden/torch_save" && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -23,4 +25,10 @@ head -c 20 "$dir/clean.safetensors" > "$dir/damaged.safetensors"
 "$tool" check-keys "$dir/damaged.safetensors" --fixture tiny-gemma 2> "$dir/err.txt"
 [ $? -eq 2 ] || fail "a damaged file should fail"
 grep -q "damaged.safetensors" "$dir/err.txt" || fail "the error should name the file"
+"$tool" check-keys "$golden/data_parallel.pt" --against "$golden/state_dict.pt" \
+  --fix "$dir/dp.safetensors" > "$dir/dp.txt"
+[ $? -eq 1 ] || fail "PyTorch's DataParallel checkpoint should be fixable"
+grep -q "module.block.0.weight -> block.0.weight" "$dir/dp.txt" || fail "DataParallel translation"
+"$tool" check-keys "$dir/dp.safetensors" --against "$golden/state_dict.pt" > /dev/null
+[ $? -eq 0 ] || fail "the fixed DataParallel checkpoint should be clean"
 echo "check-keys: fixable, fixed, clean, broken and damaged cases as expected"

@@ -117,7 +117,7 @@ int run_check_keys(const CheckKeysOptions& o) {
     expected = wrapcert::key_infos(wrapcert::state_dict(
         wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype})));
   } else if (!o.against.empty()) {
-    expected = wrapcert::key_infos(wrapcert::read_safetensors_header(o.against));
+    expected = wrapcert::checkpoint_key_infos(o.against);
   } else {
     std::ifstream in(o.listing);
     if (!in) {
@@ -128,8 +128,7 @@ int run_check_keys(const CheckKeysOptions& o) {
       if (!line.empty()) expected.push_back({line.substr(0, line.find(' ')), {}, c10::kFloat});
     }
   }
-  const auto header = wrapcert::read_safetensors_header(o.file);
-  auto found = wrapcert::key_infos(header);
+  auto found = wrapcert::checkpoint_key_infos(o.file);
   if (!o.listing.empty()) {  // a listing has keys only
     for (auto& f : found) {
       for (auto& e : expected) {
@@ -141,7 +140,7 @@ int run_check_keys(const CheckKeysOptions& o) {
   if (!o.listing.empty()) report.mismatched.clear();
   std::cout << wrapcert::to_text(report);
   if (report.status == wrapcert::KeyStatus::kFixable && !o.fix.empty()) {
-    const auto state = wrapcert::load_safetensors(o.file);
+    const auto state = wrapcert::load_checkpoint(o.file);
     wrapcert::StateDict fixed;
     for (const auto& item : state) {
       std::string key = item.key();
@@ -150,7 +149,7 @@ int run_check_keys(const CheckKeysOptions& o) {
       }
       fixed.insert(key, item.value());
     }
-    wrapcert::save_safetensors(o.fix, fixed, header.metadata);
+    wrapcert::save_safetensors(o.fix, fixed, {{"format", "pt"}});
     std::cout << "wrote " << o.fix << "\n";
   }
   return report.status == wrapcert::KeyStatus::kClean     ? 0
@@ -284,15 +283,15 @@ int main(int argc, char** argv) {
   auto* check_cmd = app.add_subcommand(
       "check-keys",
       "Compare a checkpoint's keys with a model's; exit 0 clean, 1 fixable, 2 broken");
-  check_cmd->add_option("file", check.file, "a safetensors checkpoint")->required();
+  check_cmd->add_option("file", check.file, "a checkpoint: safetensors or torch.save")->required();
   auto* against_fixture = check_cmd->add_option("--fixture", check.fixture, "a fixture's keys")
                               ->check(CLI::IsMember(fixture_names));
-  auto* against_file =
-      check_cmd->add_option("--against", check.against, "another safetensors checkpoint");
+  auto* against_file = check_cmd->add_option("--against", check.against, "another checkpoint");
   auto* against_listing = check_cmd->add_option("--keys", check.listing, "a key listing file");
   against_fixture->excludes(against_file)->excludes(against_listing);
   against_file->excludes(against_listing);
-  check_cmd->add_option("--fix", check.fix, "write the translated checkpoint here (atomically)");
+  check_cmd->add_option("--fix", check.fix,
+                        "write the translated checkpoint here as safetensors (atomically)");
   check_cmd->callback([&] {
     if (check.fixture.empty() && check.against.empty() && check.listing.empty()) {
       throw CLI::RequiredError("--fixture, --against or --keys");

@@ -1,8 +1,10 @@
 #include <wrapcert/check_keys.h>
 #include <wrapcert/detail/python_names.h>
+#include <wrapcert/torch_save.h>
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -70,6 +72,24 @@ std::vector<KeyInfo> key_infos(const StateDict& state) {
     out.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
   }
   return out;
+}
+
+namespace {
+/// `torch.save` writes a zip archive: it starts with "PK\x03\x04".
+bool is_zip(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in && magic[0] == 'P' && magic[1] == 'K' && magic[2] == 3 && magic[3] == 4;
+}
+}  // namespace
+
+std::vector<KeyInfo> checkpoint_key_infos(const std::string& path) {
+  return is_zip(path) ? key_infos(load_torch_save(path)) : key_infos(read_safetensors_header(path));
+}
+
+StateDict load_checkpoint(const std::string& path) {
+  return is_zip(path) ? load_torch_save(path) : load_safetensors(path);
 }
 
 const char* to_string(KeyStatus status) {

@@ -21,6 +21,10 @@ struct KeyInfo {
 };
 
 std::vector<KeyInfo> key_infos(const SafetensorsHeader& header);
+/// A checkpoint file's keys, by its content: a `torch.save` zip archive or safetensors.
+std::vector<KeyInfo> checkpoint_key_infos(const std::string& path);
+/// A checkpoint file's tensors, by its content, as `checkpoint_key_infos`.
+StateDict load_checkpoint(const std::string& path);
 std::vector<KeyInfo> key_infos(const StateDict& state);
 
 enum class KeyStatus { kClean, kFixable, kBroken };
