@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 packages=(
-  g++ cmake ninja-build ccache python3
+  g++ cmake ninja-build ccache python3 python3-torch
   libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev

@@ -3,10 +3,17 @@
 #include <wrapcert/keys.h>
 #include <wrapcert/printer.h>
 
+#include <wrapcert/detail/path.h>
+#include <wrapcert/layer.h>
+#include <wrapcert/unwrap.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
 
 namespace wrapcert::bridge {
 namespace {
@@ -98,6 +105,149 @@ std::vector<props::Verdict> check_seed_keys(const std::string& json_text,
     const bool same = format_tree(replica, print) == j["printout"].get<std::string>();
     out.push_back(verdict("printout", same, same ? "" : "the C++ printout differs from PyTorch's"));
   }
+  return out;
+}
+
+namespace {
+
+class MirrorImpl : public Layer {
+ public:
+  explicit MirrorImpl(std::string python_class) : python_class_(std::move(python_class)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return x; }
+  std::string python_name() const override { return python_class_; }
+
+ private:
+  std::string python_class_;
+};
+
+c10::ScalarType dtype_of(const std::string& name, const std::string& path) {
+  static const std::map<std::string, c10::ScalarType> table = {
+      {"float32", c10::kFloat},     {"float64", c10::kDouble}, {"float16", c10::kHalf},
+      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},     {"int32", c10::kInt},
+      {"int8", c10::kChar},         {"uint8", c10::kByte},     {"bool", c10::kBool}};
+  const auto it = table.find(name);
+  if (it == table.end()) throw Error(ErrorCode::kInvalidArgument, path, "unknown dtype " + name);
+  return it->second;
+}
+
+}  // namespace
+
+ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                std::string("the dump does not parse: ") + e.what());
+  }
+  if (!j.contains("nodes") || !j["nodes"].is_array() || !j.contains("root")) {
+    throw Error(ErrorCode::kInvalidArgument, "", "the dump has no nodes or root");
+  }
+  const auto& nodes = j["nodes"];
+  const auto wrappers = j.value("wrappers", nlohmann::json::object());
+  std::map<int64_t, torch::Tensor> storages;
+  std::map<size_t, ModulePtr> built;
+  std::set<size_t> in_progress;
+  std::function<ModulePtr(size_t, const std::string&)> make = [&](size_t index,
+                                                                  const std::string& path) {
+    if (auto it = built.find(index); it != built.end()) return it->second;
+    if (index >= nodes.size()) throw Error(ErrorCode::kInvalidArgument, path, "no such node");
+    if (!in_progress.insert(index).second) {
+      throw Error(ErrorCode::kCycle, path, "the dump's module is its own ancestor");
+    }
+    const auto& node = nodes[index];
+    const auto cls = node.at("class").get<std::string>();
+    auto tensor = [&](const nlohmann::json& t, const std::string& where) {
+      const auto storage = t.at(3).get<int64_t>();
+      if (auto it = storages.find(storage); it != storages.end()) return it->second;
+      auto value = torch::empty(t.at(1).get<std::vector<int64_t>>(),
+                                torch::TensorOptions()
+                                    .device(c10::kMeta)
+                                    .dtype(dtype_of(t.at(2).get<std::string>(), where)));
+      storages.emplace(storage, value);
+      return value;
+    };
+    ModulePtr module;
+    if (wrappers.contains(cls)) {
+      const auto& kind = registry.at(wrappers[cls].get<std::string>());
+      const auto& children = node.at("children");
+      if (children.size() != 1 || children[0].at(0).get<std::string>() != kind.slot ||
+          !node.at("params").empty() || !node.at("buffers").empty()) {
+        throw Error(ErrorCode::kWrapperState, path,
+                    cls + " should hold just one child, at '" + kind.slot + "'");
+      }
+      module = kind.make(make(children[0].at(1).get<size_t>(), detail::join_path(path, kind.slot)));
+    } else {
+      auto mirror = std::make_shared<MirrorImpl>(cls);
+      for (const auto& p : node.at("params")) {
+        const auto name = p.at(0).get<std::string>();
+        mirror->register_parameter(name, tensor(p, detail::join_path(path, name)));
+      }
+      for (const auto& b : node.at("buffers")) {
+        const auto name = b.at(0).get<std::string>();
+        mirror->register_buffer(name, tensor(b, detail::join_path(path, name)));
+      }
+      for (const auto& c : node.at("children")) {
+        const auto name = c.at(0).get<std::string>();
+        mirror->register_module(name, make(c.at(1).get<size_t>(), detail::join_path(path, name)));
+      }
+      module = mirror;
+    }
+    in_progress.erase(index);
+    built.emplace(index, module);
+    return module;
+  };
+  try {
+    return make(j["root"].get<size_t>(), "");
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, "", std::string("the dump is malformed: ") + e.what());
+  }
+}
+
+std::vector<props::Verdict> check_tree_dump(const std::string& json_text) {
+  const auto mirror = load_tree_dump(json_text);
+  const auto j = nlohmann::json::parse(json_text);
+  const auto clean = j.at("clean_keys").get<std::vector<std::string>>();
+  const auto wrapped = j.at("wrapped_keys").get<std::vector<std::string>>();
+  std::vector<props::Verdict> out;
+  const auto view = unwrap_reference(mirror);
+  const auto unwrapped = view.state_dict();
+  out.push_back(compare("P1 keys", keys(unwrapped), clean));
+
+  // What PyTorch's state_dict() shows: the mirror's keys with the slots of wrappers that hide
+  // theirs left out.
+  const auto& registry = Registry::global();
+  const auto saved = ModuleView::build(mirror, [&registry](const torch::nn::Module& m) {
+                       const auto* kind = registry.find(m);
+                       return kind && kind->state_dict_hides_slot ? kind : nullptr;
+                     }).state_dict();
+  auto p8 = compare("P8 translation", keys(saved), wrapped);
+  const auto tr = KeyTranslator::from_tree(mirror);
+  const auto physical = keys(state_dict(mirror));
+  if (p8.passed && physical.size() == clean.size()) {
+    for (size_t i = 0; i < physical.size(); ++i) {
+      if (tr.to_clean(physical[i]) != clean[i]) {
+        p8 = verdict("P8 translation", false, "translates to '" + tr.to_clean(physical[i]) + "'",
+                     physical[i]);
+        break;
+      }
+    }
+  }
+  out.push_back(p8);
+
+  std::set<std::vector<std::string>> expected_ties;
+  for (auto group : props::tie_groups(state_dict(mirror))) {
+    for (auto& key : group) key = tr.to_clean(key);
+    expected_ties.insert(group);
+  }
+  const bool ties = props::tie_groups(unwrapped) == expected_ties;
+  out.push_back(verdict("P3 ties", ties, ties ? "" : "tied keys came apart"));
+
+  bool has_wrappers = false;
+  for (const auto& node : j.at("nodes")) {
+    has_wrappers = has_wrappers || j.at("wrappers").contains(node.at("class").get<std::string>());
+  }
+  if (!has_wrappers) out.push_back(compare("P9 no false positives", keys(unwrapped), wrapped));
   return out;
 }
 

@@ -22,6 +22,20 @@ namespace wrapcert::bridge {
 std::vector<props::Verdict> check_seed_keys(const std::string& json_text,
                                             const fixtures::CausalLMConfig& config);
 
+/// Builds a LibTorch mirror of a module tree dumped from real PyTorch by
+/// `tools/torch_tree_dump.py`: one module per Python module (printing under its class name),
+/// parameters and buffers on the meta device with the dump's shapes and dtypes, tensors that
+/// shared a storage in Python shared here, and Python wrapper classes (the dump's mapping) as
+/// wrappers of the mapped kind. Throws `Error` naming the path for an unknown kind, a wrapper
+/// whose child is not at its kind's slot, or a malformed dump.
+ModulePtr load_tree_dump(const std::string& json_text,
+                         const Registry& registry = Registry::global());
+
+/// P1 (the reference unwrap of the mirror gives the model's own keys), P3 (ties survive), P8
+/// (the mirror's wrapped keys are PyTorch's, and translate to the model's) and, for a dump with
+/// no wrappers, P9 (nothing is unwrapped).
+std::vector<props::Verdict> check_tree_dump(const std::string& json_text);
+
 /// The interpreter that runs the script: $WRAPCERT_PYTHON, else /usr/bin/python3 (where Debian's
 /// python3-torch lives), else python3.
 std::string python();

@@ -1,5 +1,8 @@
 #include <wrapcert/bridge.h>
 #include <wrapcert/error.h>
+#include <wrapcert/unwrap.h>
+
+#include <nlohmann/json.hpp>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -60,6 +63,80 @@ TEST(Bridge, LiveRunOnThisMachinesPyTorch) {
   ASSERT_TRUE(run_seed_script(WRAPCERT_BRIDGE_SCRIPT, out.string(), /*emulate=*/true));
   expect_seed_verdicts(check_seed_keys(read(out.string()), fixtures::tiny_gemma()));
   std::filesystem::remove(out);
+}
+
+}  // namespace
+}  // namespace wrapcert::bridge
+
+namespace wrapcert::bridge {
+namespace {
+
+// Trees dumped from real PyTorch by tools/torch_tree_dump.py: torch's own DataParallel,
+// DistributedDataParallel (gloo, world size 1) and checkpoint_wrapper around a small model with
+// a tied head, and a user module with a child named `module`.
+const std::vector<std::string> kTreeCases = {"data_parallel", "ddp", "checkpoint",
+                                             "data_parallel_over_checkpoint", "user_module"};
+
+std::string recorded_tree(const std::string& name) {
+  return read(std::string(WRAPCERT_GOLDEN_DIR) + "/torch_tree/dump_" + name + ".json");
+}
+
+class TreeDump : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TreeDump, RecordedPyTorchTreePassesTheKeyProperties) {
+  for (const auto& v : check_tree_dump(recorded_tree(GetParam()))) {
+    EXPECT_TRUE(v.passed) << v.property << ": " << v.reason << " at " << v.key;
+  }
+}
+
+TEST_P(TreeDump, LivePyTorchTreePassesTheKeyProperties) {
+  const std::string probe = "'" + python() + "' -c 'import torch' > /dev/null 2>&1";
+  if (std::system(probe.c_str()) != 0) {
+    GTEST_SKIP() << python() << " cannot import torch (install Debian's python3-torch)";
+  }
+  const auto out = std::filesystem::temp_directory_path() /
+                   ("wrapcert-tree-" + std::to_string(::getpid()) + "-" + GetParam() + ".json");
+  const std::string command = "'" + python() + "' '" + WRAPCERT_TREE_DUMP_SCRIPT + "' " +
+                              GetParam() + " --out '" + out.string() + "' > /dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  for (const auto& v : check_tree_dump(read(out.string()))) {
+    EXPECT_TRUE(v.passed) << v.property << ": " << v.reason << " at " << v.key;
+  }
+  std::filesystem::remove(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(PyTorchWrappers, TreeDump, ::testing::ValuesIn(kTreeCases),
+                         [](const auto& info) { return info.param; });
+
+TEST(TreeDump, EveryOrderOfPyTorchWrappersUnwrapsToTheSameKeys) {  // P12
+  const auto expected =
+      keys(unwrap_reference(load_tree_dump(recorded_tree("checkpoint"))).state_dict());
+  for (const char* name : {"data_parallel", "ddp", "data_parallel_over_checkpoint"}) {
+    EXPECT_EQ(keys(unwrap_reference(load_tree_dump(recorded_tree(name))).state_dict()), expected)
+        << name;
+  }
+}
+
+TEST(TreeDump, DuckTypingUnwrapsTheUserModuleThatReferenceLeavesAlone) {  // P9's wrong subject
+  const auto text = recorded_tree("user_module");
+  const auto python_keys =
+      nlohmann::json::parse(text)["wrapped_keys"].get<std::vector<std::string>>();
+  EXPECT_EQ(keys(unwrap_reference(load_tree_dump(text)).state_dict()), python_keys);
+  EXPECT_NE(keys(unwrap(Subject::kDuckTyped, load_tree_dump(text)).state_dict()), python_keys);
+}
+
+TEST(TreeDump, AWrapperWithItsChildElsewhereNamesThePath) {
+  const std::string dump = R"({"root": 0, "wrappers": {"DataParallel": "DataParallel"},
+    "nodes": [{"class": "DataParallel", "children": [["inner", 1]], "params": [], "buffers": []},
+              {"class": "Linear", "children": [], "params": [["weight", [2, 2], "float32", 0]],
+               "buffers": []}]})";
+  try {
+    (void)load_tree_dump(dump);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kWrapperState);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("'module'"));
+  }
 }
 
 }  // namespace

@@ -46,6 +46,10 @@ struct WrapperKind {
   bool forwards_attributes = false;
   /// The wrapper holds parameters, buffers or children of its own besides the slot.
   bool owns_state = false;
+  /// The real wrapper's `state_dict()` leaves its slot out of the keys (torch's
+  /// `CheckpointWrapper` strips `_checkpoint_wrapped_module.` with a state-dict hook), though
+  /// `named_parameters()` shows it.
+  bool state_dict_hides_slot = false;
   Numerics numerics = Numerics::kBitwise;
   /// Relative and absolute tolerance when `numerics` is `kTolerance`.
   double tolerance = 0.0;

@@ -186,7 +186,8 @@ void register_builtin_wrappers(Registry& registry) {
   registry.add(std::move(compiled));
   auto checkpoint =
       wrapper_kind<CheckpointWrapperImpl>("CheckpointWrapper", "_checkpoint_wrapped_module");
-  checkpoint.forwards_attributes = true;  // ActivationWrapper.__getattr__ does the same
+  checkpoint.forwards_attributes = true;    // ActivationWrapper.__getattr__ does the same
+  checkpoint.state_dict_hides_slot = true;  // its _post_state_dict_hook strips the prefix
   // Recomputation sums an input's gradient contributions in another order when the input is
   // also used outside the checkpointed module (a + (b + c) for (a + b) + c).
   checkpoint.numerics = Numerics::kTolerance;
