@@ -1,4 +1,5 @@
 #include <wrapcert/error.h>
+#include <wrapcert/safetensors.h>
 #include <wrapcert/torch_save.h>
 
 #include <gmock/gmock.h>
@@ -63,6 +64,24 @@ TEST(TorchSaveDamage, TruncatedAndForeignFilesAreClearErrors) {
       EXPECT_EQ(e.code(), ErrorCode::kMalformedInput);
       EXPECT_THAT(e.what(), ::testing::HasSubstr(name));
     }
+  }
+}
+
+}  // namespace
+}  // namespace wrapcert
+
+namespace wrapcert {
+namespace {
+
+TEST(PythonWrittenSafetensors, ReadsBackTheSameTensors) {
+  const auto saved = load_torch_save(file("state_dict.pt"));
+  const auto loaded = load_safetensors(file("python_written.safetensors"));
+  EXPECT_EQ(read_safetensors_header(file("python_written.safetensors")).metadata.at("format"),
+            "pt");
+  EXPECT_EQ(loaded.size(), saved.size() - 1) << "head.weight is stored once, under embed.weight";
+  for (const auto& item : loaded) {
+    ASSERT_TRUE(saved.contains(item.key())) << item.key();
+    EXPECT_TRUE(item.value().equal(saved[item.key()])) << item.key();
   }
 }
 
