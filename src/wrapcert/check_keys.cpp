@@ -2,8 +2,6 @@
 #include <wrapcert/detail/python_names.h>
 #include <wrapcert/torch_save.h>
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -37,33 +35,15 @@ std::string describe(const KeyInfo& k) {
 
 }  // namespace
 
-std::vector<KeyInfo> key_infos(const SafetensorsHeader& header) {
-  std::vector<KeyInfo> out;
-  std::unordered_map<std::string, KeyInfo> stored;
-  for (const auto& t : header.tensors) {
-    out.push_back({t.key, t.shape, t.dtype});
-    stored.emplace(t.key, out.back());
-  }
+std::vector<KeyInfo> key_infos(const SafetensorsHeader& header, const std::string& path) {
   // Files wrapcert wrote list every key, tied ones as aliases of the stored tensor.
-  const auto order = header.metadata.find("wrapcert.order");
-  const auto aliases = header.metadata.find("wrapcert.aliases");
-  if (order == header.metadata.end()) return out;
-  try {
-    const auto keys = nlohmann::json::parse(order->second);
-    const auto alias = aliases == header.metadata.end() ? nlohmann::json::object()
-                                                        : nlohmann::json::parse(aliases->second);
-    std::vector<KeyInfo> ordered;
-    for (const auto& k : keys) {
-      const auto key = k.get<std::string>();
-      const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
-      auto it = stored.find(target);
-      if (it == stored.end()) continue;  // load_safetensors reports this damage
-      ordered.push_back({key, it->second.shape, it->second.dtype});
-    }
-    return ordered;
-  } catch (const nlohmann::json::exception&) {
-    return out;
+  std::unordered_map<std::string, const SafetensorsEntry*> stored;
+  for (const auto& t : header.tensors) stored.emplace(t.key, &t);
+  std::vector<KeyInfo> out;
+  for (const auto& [key, target] : saved_keys(header, path)) {
+    out.push_back({key, stored.at(target)->shape, stored.at(target)->dtype});
   }
+  return out;
 }
 
 std::vector<KeyInfo> key_infos(const StateDict& state) {
@@ -85,7 +65,8 @@ bool is_zip(const std::string& path) {
 }  // namespace
 
 std::vector<KeyInfo> checkpoint_key_infos(const std::string& path) {
-  return is_zip(path) ? key_infos(load_torch_save(path)) : key_infos(read_safetensors_header(path));
+  return is_zip(path) ? key_infos(load_torch_save(path))
+                      : key_infos(read_safetensors_header(path), path);
 }
 
 StateDict load_checkpoint(const std::string& path) {

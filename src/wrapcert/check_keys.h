@@ -20,7 +20,7 @@ struct KeyInfo {
   c10::ScalarType dtype;
 };
 
-std::vector<KeyInfo> key_infos(const SafetensorsHeader& header);
+std::vector<KeyInfo> key_infos(const SafetensorsHeader& header, const std::string& path = "");
 /// A checkpoint file's keys, by its content: a `torch.save` zip archive or safetensors.
 std::vector<KeyInfo> checkpoint_key_infos(const std::string& path);
 /// A checkpoint file's tensors, by its content, as `checkpoint_key_infos`.

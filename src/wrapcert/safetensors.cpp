@@ -123,6 +123,33 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   return header;
 }
 
+std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHeader& header,
+                                                            const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto order = header.metadata.find("wrapcert.order");
+  if (order == header.metadata.end()) {
+    for (const auto& e : header.tensors) out.emplace_back(e.key, e.key);
+    return out;
+  }
+  std::unordered_map<std::string, bool> stored;
+  for (const auto& e : header.tensors) stored.emplace(e.key, true);
+  const auto aliases = header.metadata.find("wrapcert.aliases");
+  try {
+    const auto keys = nlohmann::json::parse(order->second);
+    const auto alias = aliases == header.metadata.end() ? nlohmann::json::object()
+                                                        : nlohmann::json::parse(aliases->second);
+    for (const auto& k : keys) {
+      const auto key = k.get<std::string>();
+      const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
+      if (!stored.count(target)) throw damaged(path, key, "an alias of a tensor the file lacks");
+      out.emplace_back(key, target);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
+  }
+  return out;
+}
+
 StateDict load_safetensors(const std::string& path) {
   const auto header = read_safetensors_header(path);
   std::ifstream in(path, std::ios::binary);
@@ -135,26 +162,7 @@ StateDict load_safetensors(const std::string& path) {
     stored.emplace(e.key, t);
   }
   StateDict state;
-  const auto order = header.metadata.find("wrapcert.order");
-  const auto aliases = header.metadata.find("wrapcert.aliases");
-  if (order == header.metadata.end()) {
-    for (const auto& e : header.tensors) state.insert(e.key, stored.at(e.key));
-    return state;
-  }
-  try {
-    const auto keys = nlohmann::json::parse(order->second);
-    const auto alias = aliases == header.metadata.end() ? nlohmann::json::object()
-                                                        : nlohmann::json::parse(aliases->second);
-    for (const auto& k : keys) {
-      const auto key = k.get<std::string>();
-      const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
-      const auto it = stored.find(target);
-      if (it == stored.end()) throw damaged(path, key, "an alias of a tensor the file lacks");
-      state.insert(key, it->second);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
-  }
+  for (const auto& [key, target] : saved_keys(header, path)) state.insert(key, stored.at(target));
   return state;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wrapcert {
@@ -36,6 +37,12 @@ struct SafetensorsHeader {
 /// non-negative shapes, offsets inside the data section matching each tensor's size, no two
 /// tensors overlapping, no duplicate keys.
 SafetensorsHeader read_safetensors_header(const std::string& path);
+
+/// Every key the file was saved with, in order, paired with the key its data is stored under
+/// (itself, or the tensor it is an alias of). Without wrapcert's metadata: the stored keys in
+/// header order. Throws `Error` (kMalformedInput) for damaged alias metadata.
+std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHeader& header,
+                                                            const std::string& path = "");
 
 /// Every tensor, on the CPU. Keys saved as aliases of another (tied weights written once) come
 /// back as the same tensor, in the order they were saved.
