@@ -199,21 +199,6 @@ struct CertifyOptions {
   bool quiet = false;
 };
 
-/// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) {
-      throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, path, "cannot write the report");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, path, "cannot write the report");
-  }
-}
-
 int run_certify(const CertifyOptions& o) {
   wrapcert::certify::Options options;
   options.kinds = o.wrappers;
@@ -242,9 +227,11 @@ int run_certify(const CertifyOptions& o) {
   };
   const auto report = wrapcert::certify::certify(options, listener);
   std::cout << "\n" << wrapcert::certify::to_summary(report);
-  if (!o.markdown.empty()) write_atomically(o.markdown, wrapcert::certify::to_markdown(report));
-  if (!o.json.empty()) write_atomically(o.json, wrapcert::certify::to_json(report));
-  if (!o.junit.empty()) write_atomically(o.junit, wrapcert::certify::to_junit(report));
+  if (!o.markdown.empty())
+    wrapcert::write_file_atomically(o.markdown, wrapcert::certify::to_markdown(report));
+  if (!o.json.empty()) wrapcert::write_file_atomically(o.json, wrapcert::certify::to_json(report));
+  if (!o.junit.empty())
+    wrapcert::write_file_atomically(o.junit, wrapcert::certify::to_junit(report));
   return report.passed() ? 0 : 1;
 }
 

@@ -1,3 +1,4 @@
+#include <wrapcert/atomic_file.h>
 #include <wrapcert/error.h>
 #include <wrapcert/safetensors.h>
 
@@ -7,7 +8,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace wrapcert {
 namespace {
@@ -86,7 +89,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
         throw damaged(path, key, "shape holds something other than a non-negative integer");
       }
       entry.shape.push_back(d.get<int64_t>());
-      numel *= static_cast<uint64_t>(d.get<int64_t>());
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d.get<int64_t>()), &numel)) {
+        throw damaged(path, key, "the shape's element count overflows");
+      }
     }
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -101,7 +106,11 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
                         std::to_string(entry.end) + ") lie outside the " +
                         std::to_string(data_size) + "-byte data section");
     }
-    const uint64_t bytes = numel * c10::elementSize(entry.dtype);
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, c10::elementSize(entry.dtype), &bytes) ||
+        numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw damaged(path, key, "the shape's size in bytes overflows");
+    }
     if (entry.end - entry.begin != bytes) {
       throw damaged(path, key,
                     "data offsets span " + std::to_string(entry.end - entry.begin) +
@@ -134,6 +143,7 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
   std::unordered_map<std::string, bool> stored;
   for (const auto& e : header.tensors) stored.emplace(e.key, true);
   const auto aliases = header.metadata.find("wrapcert.aliases");
+  std::unordered_set<std::string> seen;
   try {
     const auto keys = nlohmann::json::parse(order->second);
     const auto alias = aliases == header.metadata.end() ? nlohmann::json::object()
@@ -142,6 +152,7 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
       const auto key = k.get<std::string>();
       const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
       if (!stored.count(target)) throw damaged(path, key, "an alias of a tensor the file lacks");
+      if (!seen.insert(key).second) throw damaged(path, key, "the key is listed twice");
       out.emplace_back(key, target);
     }
   } catch (const nlohmann::json::exception& e) {
@@ -209,9 +220,7 @@ void save_safetensors(const std::string& path, const StateDict& state,
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section, as HF does
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  write_file_atomically(path, [&](std::ostream& out) {
     uint64_t length = text.size();
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xff));
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -219,11 +228,7 @@ void save_safetensors(const std::string& path, const StateDict& state,
       out.write(static_cast<const char*>(t.data_ptr()),
                 static_cast<std::streamsize>(t.numel() * t.element_size()));
     }
-    if (!out.flush()) throw Error(ErrorCode::kInvalidArgument, path, "cannot write the file");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw Error(ErrorCode::kInvalidArgument, path, "cannot move the file into place");
-  }
+  });
 }
 
 }  // namespace wrapcert

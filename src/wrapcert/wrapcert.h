@@ -5,6 +5,7 @@
 ///   auto view = wrapcert::unwrap_reference(wrapped_model);
 ///   std::cout << view;
 
+#include <wrapcert/atomic_file.h>
 #include <wrapcert/checkpoint.h>
 #include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
