@@ -130,6 +130,17 @@ c10::ScalarType dtype_of(const std::string& name, const std::string& path) {
   return it->second;
 }
 
+/// LibTorch's own checks on a name, as an error naming the path instead of a c10::Error.
+void guard_name(const torch::nn::Module& module, const std::string& name, const std::string& path) {
+  if (name.empty() || name.find('.') != std::string::npos) {
+    throw Error(ErrorCode::kMalformedInput, path, "a name that is empty or holds a dot");
+  }
+  if (module.named_parameters(false).contains(name) || module.named_buffers(false).contains(name) ||
+      module.named_children().contains(name)) {
+    throw Error(ErrorCode::kMalformedInput, path, "the name is used twice in one module");
+  }
+}
+
 }  // namespace
 
 ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry) {
@@ -140,75 +151,139 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
     throw Error(ErrorCode::kInvalidArgument, "",
                 std::string("the dump does not parse: ") + e.what());
   }
-  if (!j.contains("nodes") || !j["nodes"].is_array() || !j.contains("root")) {
+  if (!j.is_object() || !j.contains("nodes") || !j["nodes"].is_array() || !j.contains("root")) {
     throw Error(ErrorCode::kInvalidArgument, "", "the dump has no nodes or root");
   }
   const auto& nodes = j["nodes"];
   const auto wrappers = j.value("wrappers", nlohmann::json::object());
+  if (!wrappers.is_object()) throw Error(ErrorCode::kInvalidArgument, "", "wrappers is no map");
   std::map<int64_t, torch::Tensor> storages;
-  std::map<size_t, ModulePtr> built;
-  std::set<size_t> in_progress;
-  std::function<ModulePtr(size_t, const std::string&)> make = [&](size_t index,
-                                                                  const std::string& path) {
-    if (auto it = built.find(index); it != built.end()) return it->second;
-    if (index >= nodes.size()) throw Error(ErrorCode::kInvalidArgument, path, "no such node");
-    if (!in_progress.insert(index).second) {
-      throw Error(ErrorCode::kCycle, path, "the dump's module is its own ancestor");
+  std::vector<ModulePtr> built(nodes.size());
+  std::vector<char> in_progress(nodes.size(), 0);
+
+  auto tensor = [&](const nlohmann::json& t, const std::string& where) {
+    const auto storage = t.at(3).get<int64_t>();
+    const auto shape = t.at(1).get<std::vector<int64_t>>();
+    const auto dtype = dtype_of(t.at(2).get<std::string>(), where);
+    if (auto it = storages.find(storage); it != storages.end()) {
+      if (it->second.sizes() != c10::IntArrayRef(shape) || it->second.scalar_type() != dtype) {
+        throw Error(ErrorCode::kMalformedInput, where,
+                    "shares storage " + std::to_string(storage) +
+                        " with a tensor of another shape or dtype");
+      }
+      return it->second;
     }
-    const auto& node = nodes[index];
-    const auto cls = node.at("class").get<std::string>();
-    auto tensor = [&](const nlohmann::json& t, const std::string& where) {
-      const auto storage = t.at(3).get<int64_t>();
-      if (auto it = storages.find(storage); it != storages.end()) return it->second;
-      auto value = torch::empty(t.at(1).get<std::vector<int64_t>>(),
-                                torch::TensorOptions()
-                                    .device(c10::kMeta)
-                                    .dtype(dtype_of(t.at(2).get<std::string>(), where)));
-      storages.emplace(storage, value);
-      return value;
-    };
-    ModulePtr module;
-    if (wrappers.contains(cls)) {
-      const auto& kind = registry.at(wrappers[cls].get<std::string>());
-      const auto& children = node.at("children");
-      if (children.size() != 1 || children[0].at(0).get<std::string>() != kind.slot ||
-          !node.at("params").empty() || !node.at("buffers").empty()) {
-        throw Error(ErrorCode::kWrapperState, path,
-                    cls + " should hold just one child, at '" + kind.slot + "'");
+    int64_t numel = 1;
+    for (const auto d : shape) {
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
+        throw Error(ErrorCode::kMalformedInput, where, "a shape with a negative or too large size");
       }
-      module = kind.make(make(children[0].at(1).get<size_t>(), detail::join_path(path, kind.slot)));
-    } else {
-      auto mirror = std::make_shared<MirrorImpl>(cls);
-      for (const auto& p : node.at("params")) {
-        const auto name = p.at(0).get<std::string>();
-        mirror->register_parameter(name, tensor(p, detail::join_path(path, name)));
-      }
-      for (const auto& b : node.at("buffers")) {
-        const auto name = b.at(0).get<std::string>();
-        mirror->register_buffer(name, tensor(b, detail::join_path(path, name)));
-      }
-      for (const auto& c : node.at("children")) {
-        const auto name = c.at(0).get<std::string>();
-        mirror->register_module(name, make(c.at(1).get<size_t>(), detail::join_path(path, name)));
-      }
-      module = mirror;
     }
-    in_progress.erase(index);
-    built.emplace(index, module);
-    return module;
+    auto value = torch::empty(shape, torch::TensorOptions().device(c10::kMeta).dtype(dtype));
+    storages.emplace(storage, value);
+    return value;
   };
+  auto node_at = [&](const nlohmann::json& index, const std::string& path) -> size_t {
+    if (!index.is_number_unsigned() || index.get<size_t>() >= nodes.size()) {
+      throw Error(ErrorCode::kMalformedInput, path, "refers to no node of the dump");
+    }
+    return index.get<size_t>();
+  };
+  // Depth-first without recursion (a dump may be deeper than the stack): a frame is entered
+  // once to push its children, and built when it is met again with all of them built.
+  struct Frame {
+    size_t index;
+    std::string path;
+  };
+  std::vector<Frame> stack;
+  const auto root = node_at(j["root"], "");
+  stack.push_back({root, ""});
   try {
-    return make(j["root"].get<size_t>(), "");
+    while (!stack.empty()) {
+      const Frame frame = stack.back();
+      const auto& node = nodes[frame.index];
+      const auto cls = node.at("class").get<std::string>();
+      const auto& children = node.at("children");
+      if (built[frame.index]) {
+        stack.pop_back();
+        continue;
+      }
+      if (!in_progress[frame.index]) {
+        in_progress[frame.index] = 1;
+        for (const auto& c : children) {
+          const auto name = c.at(0).get<std::string>();
+          const auto path = detail::join_path(frame.path, name);
+          const auto child = node_at(c.at(1), path);
+          if (in_progress[child] && !built[child]) {
+            throw Error(ErrorCode::kCycle, path, "the dump's module is its own ancestor");
+          }
+          if (!built[child]) stack.push_back({child, path});
+        }
+        continue;
+      }
+      stack.pop_back();
+      ModulePtr module;
+      if (wrappers.contains(cls)) {
+        const auto kind_name = wrappers[cls].get<std::string>();
+        if (!registry.contains(kind_name)) {
+          throw Error(ErrorCode::kUnknownWrapper, frame.path,
+                      "the dump maps " + cls + " to '" + kind_name +
+                          "', which is not a registered wrapper kind");
+        }
+        const auto& kind = registry.at(kind_name);
+        if (children.size() != 1 || children[0].at(0).get<std::string>() != kind.slot ||
+            !node.at("params").empty() || !node.at("buffers").empty()) {
+          throw Error(ErrorCode::kWrapperState, frame.path,
+                      cls + " should hold just one child, at '" + kind.slot + "'");
+        }
+        module = kind.make(built[children[0].at(1).get<size_t>()]);
+      } else {
+        auto mirror = std::make_shared<MirrorImpl>(cls);
+        for (const auto& p : node.at("params")) {
+          const auto name = p.at(0).get<std::string>();
+          const auto path = detail::join_path(frame.path, name);
+          guard_name(*mirror, name, path);
+          mirror->register_parameter(name, tensor(p, path));
+        }
+        for (const auto& b : node.at("buffers")) {
+          const auto name = b.at(0).get<std::string>();
+          const auto path = detail::join_path(frame.path, name);
+          guard_name(*mirror, name, path);
+          mirror->register_buffer(name, tensor(b, path));
+        }
+        for (const auto& c : children) {
+          const auto name = c.at(0).get<std::string>();
+          const auto path = detail::join_path(frame.path, name);
+          guard_name(*mirror, name, path);
+          mirror->register_module(name, built[c.at(1).get<size_t>()]);
+        }
+        module = mirror;
+      }
+      built[frame.index] = module;
+    }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, "", std::string("the dump is malformed: ") + e.what());
+    const auto where = stack.empty() ? std::string() : stack.back().path;
+    throw Error(ErrorCode::kInvalidArgument, where,
+                std::string("the dump is malformed: ") + e.what());
   }
+  return built[root];
 }
 
 std::vector<props::Verdict> check_tree_dump(const std::string& json_text) {
   const auto mirror = load_tree_dump(json_text);
-  const auto j = nlohmann::json::parse(json_text);
-  const auto clean = j.at("clean_keys").get<std::vector<std::string>>();
-  const auto wrapped = j.at("wrapped_keys").get<std::vector<std::string>>();
+  const auto j = nlohmann::json::parse(json_text);  // parsed once already: cannot fail
+  std::vector<std::string> clean, wrapped;
+  bool has_wrappers = false;
+  try {
+    clean = j.at("clean_keys").get<std::vector<std::string>>();
+    wrapped = j.at("wrapped_keys").get<std::vector<std::string>>();
+    const auto wrappers = j.value("wrappers", nlohmann::json::object());
+    for (const auto& node : j.at("nodes")) {
+      has_wrappers = has_wrappers || wrappers.contains(node.at("class").get<std::string>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, "", std::string("the dump is malformed: ") + e.what());
+  }
   std::vector<props::Verdict> out;
   const auto view = unwrap_reference(mirror);
   const auto unwrapped = view.state_dict();
@@ -243,10 +318,6 @@ std::vector<props::Verdict> check_tree_dump(const std::string& json_text) {
   const bool ties = props::tie_groups(unwrapped) == expected_ties;
   out.push_back(verdict("P3 ties", ties, ties ? "" : "tied keys came apart"));
 
-  bool has_wrappers = false;
-  for (const auto& node : j.at("nodes")) {
-    has_wrappers = has_wrappers || j.at("wrappers").contains(node.at("class").get<std::string>());
-  }
   if (!has_wrappers) out.push_back(compare("P9 no false positives", keys(unwrapped), wrapped));
   return out;
 }

@@ -25,6 +25,7 @@ enum class ErrorCode {
   kUnknownKey,       ///< a state-dict key that the tree does not have
   kNotForwardable,   ///< a module type wrapcert cannot call `forward` on
   kMalformedInput,   ///< a damaged or unreadable file
+  kTooManyPaths,     ///< modules reached by so many paths that listing every key would not end
 };
 
 std::string_view to_string(ErrorCode code);

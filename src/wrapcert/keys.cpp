@@ -58,17 +58,37 @@ StateDict KeyTranslator::to_wrapped(const StateDict& state) const {
   return out;
 }
 
+namespace {
+
+/// The dotted components of a key, empty ones included ("a..b" has three, "" has one).
+class Components {
+ public:
+  explicit Components(std::string_view s) : rest_(s) {}
+  bool next(std::string_view& out) {
+    if (done_) return false;
+    const auto dot = rest_.find('.');
+    out = rest_.substr(0, dot);
+    if (dot == std::string_view::npos) {
+      done_ = true;
+    } else {
+      rest_.remove_prefix(dot + 1);
+    }
+    return true;
+  }
+
+ private:
+  std::string_view rest_;
+  bool done_ = false;
+};
+
+}  // namespace
+
 bool removes_whole_components(std::string_view wrapped, std::string_view clean) {
-  auto next = [](std::string_view& s) {
-    const auto dot = s.find('.');
-    std::string_view head = s.substr(0, dot);
-    s = dot == std::string_view::npos ? std::string_view{} : s.substr(dot + 1);
-    return head;
-  };
-  while (!clean.empty()) {
-    const auto want = next(clean);
+  Components have(wrapped), want(clean);
+  std::string_view w, c;
+  while (want.next(c)) {
     bool found = false;
-    while (!wrapped.empty() && !found) found = next(wrapped) == want;
+    while (!found && have.next(w)) found = w == c;
     if (!found) return false;
   }
   return true;

@@ -76,6 +76,9 @@ TEST(RemovesWholeComponents, AcceptsOnlyWholeComponentsInOrder) {
   EXPECT_FALSE(removes_whole_components("model.embed_tokens.weight", "der.embed_tokens.weight"));
   EXPECT_FALSE(removes_whole_components("a.b.weight", "b.a.weight"));
   EXPECT_FALSE(removes_whole_components("a.weight", "a.weight.extra"));
+  // Empty components count: a trailing dot is a component the wrapped key lacks.
+  EXPECT_FALSE(removes_whole_components("a.weight", "a.weight."));
+  EXPECT_TRUE(removes_whole_components("a..weight", "a.weight"));
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include <wrapcert/detail/pickle.h>
 #include <wrapcert/error.h>
 #include <wrapcert/torch_save.h>
 
@@ -30,18 +31,14 @@ struct Value {
   Kind kind = Kind::kNone;
   int64_t i = 0;
   double f = 0;
-  std::string s;                              // string, or "module name" of a global
-  std::vector<std::shared_ptr<Value>> items;  // tuple, list
-  std::vector<std::pair<std::shared_ptr<Value>, std::shared_ptr<Value>>> dict;
+  std::string s;              // string, or "module name" of a global
+  std::vector<Value*> items;  // tuple, list
+  std::vector<std::pair<Value*, Value*>> dict;
   torch::Tensor tensor;
 };
-using Ptr = std::shared_ptr<Value>;
-
-Ptr make(Value::Kind kind) {
-  auto v = std::make_shared<Value>();
-  v->kind = kind;
-  return v;
-}
+// Values live in the reader's arena and point at each other without owning: a pickle may build
+// a list that contains itself, or nest a million tuples, and neither leaks nor recurses.
+using Ptr = Value*;
 
 const std::map<std::string, c10::ScalarType>& storage_types() {
   static const std::map<std::string, c10::ScalarType> table = {
@@ -55,9 +52,8 @@ const std::map<std::string, c10::ScalarType>& storage_types() {
 
 class Reader {
  public:
-  Reader(std::string path, caffe2::serialize::PyTorchStreamReader& archive, const char* data,
-         size_t size)
-      : path_(std::move(path)), archive_(archive), data_(data), size_(size) {}
+  Reader(std::string path, const detail::RecordSource& records, const char* data, size_t size)
+      : path_(std::move(path)), records_(records), data_(data), size_(size) {}
 
   Ptr run() {
     while (true) {
@@ -232,7 +228,12 @@ class Reader {
     }
     return {items.rbegin(), items.rend()};
   }
-  static Ptr tuple(std::vector<Ptr> items) {
+  Ptr make(Value::Kind kind) {
+    arena_.push_back(std::make_unique<Value>());
+    arena_.back()->kind = kind;
+    return arena_.back().get();
+  }
+  Ptr tuple(std::vector<Ptr> items) {
     auto t = make(Value::Kind::kTuple);
     t->items = std::move(items);
     return t;
@@ -289,56 +290,79 @@ class Reader {
     if (fn->kind != Value::Kind::kGlobal) fail("", "REDUCE of something that is not a class");
     if (fn->s == "collections OrderedDict") return make(Value::Kind::kDict);
     if (fn->s == "torch._utils _rebuild_tensor_v2" || fn->s == "torch._utils _rebuild_parameter") {
+      if (args->kind != Value::Kind::kTuple) fail("", "REDUCE arguments that are not a tuple");
       const auto& a = args->items;
       if (fn->s == "torch._utils _rebuild_parameter") {
         if (a.empty() || a[0]->kind != Value::Kind::kTensor) fail("", "a malformed parameter");
         return a[0];
       }
-      if (a.size() < 4 || a[0]->kind != Value::Kind::kTensor) fail("", "a malformed tensor");
-      std::vector<int64_t> size, stride;
-      for (const auto& d : a[2]->items) size.push_back(d->i);
-      for (const auto& d : a[3]->items) stride.push_back(d->i);
-      const auto& storage = a[0]->tensor;
-      auto v = make(Value::Kind::kTensor);
-      int64_t needed = a[1]->i;
-      for (size_t d = 0; d < size.size(); ++d) needed += size[d] ? (size[d] - 1) * stride[d] : 0;
-      if (!size.empty() && needed >= storage.numel() && storage.numel() > 0) {
-        fail("", "a tensor reaches past its storage");
+      if (a.size() < 4 || a[0]->kind != Value::Kind::kTensor || a[1]->kind != Value::Kind::kInt ||
+          a[2]->kind != Value::Kind::kTuple || a[3]->kind != Value::Kind::kTuple ||
+          a[2]->items.size() != a[3]->items.size()) {
+        fail("", "a malformed tensor (storage, offset, size and stride of one length expected)");
       }
-      v->tensor = storage.as_strided(size, stride, a[1]->i);
+      std::vector<int64_t> size, stride;
+      for (const auto* d : a[2]->items) size.push_back(non_negative(d, "a size"));
+      for (const auto* d : a[3]->items) stride.push_back(non_negative(d, "a stride"));
+      const int64_t offset = non_negative(a[1], "a storage offset");
+      const auto& storage = a[0]->tensor;
+      // The last element the view reaches must lie inside the storage.
+      bool empty = false;
+      int64_t last = offset;
+      for (size_t d = 0; d < size.size(); ++d) {
+        empty = empty || size[d] == 0;
+        int64_t step = 0;
+        if (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &step) ||
+                            __builtin_add_overflow(last, step, &last))) {
+          fail("", "a tensor whose extent overflows");
+        }
+      }
+      if (!empty && last >= storage.numel()) fail("", "a tensor reaches past its storage");
+      auto v = make(Value::Kind::kTensor);
+      v->tensor = storage.as_strided(size, stride, offset);
       return v;
     }
     fail("", "unsupported class '" + fn->s + "' in a state dict file");
   }
 
+  int64_t non_negative(const Value* v, const char* what) {
+    if (v->kind != Value::Kind::kInt || v->i < 0) {
+      fail("", std::string(what) + " that is not a non-negative integer");
+    }
+    return v->i;
+  }
+
   Ptr persistent(const Ptr& pid) {
     const auto& p = pid->items;
-    if (pid->kind != Value::Kind::kTuple || p.size() < 5 || p[0]->s != "storage" ||
-        p[1]->kind != Value::Kind::kGlobal) {
+    if (pid->kind != Value::Kind::kTuple || p.size() < 5 || p[0]->kind != Value::Kind::kString ||
+        p[0]->s != "storage" || p[1]->kind != Value::Kind::kGlobal ||
+        p[2]->kind != Value::Kind::kString) {
       fail("", "an unsupported persistent id");
     }
     const auto type = storage_types().find(p[1]->s);
     if (type == storage_types().end()) fail("", "unsupported storage type '" + p[1]->s + "'");
     const auto& key = p[2]->s;
     if (auto it = storages_.find(key); it != storages_.end()) return it->second;
-    const int64_t numel = p[4]->i;
+    const int64_t numel = non_negative(p[4], "a storage size");
+    const auto record = "data/" + key;
+    auto found = records_(record);
+    if (!found) fail("", "the archive lacks storage " + record);
+    auto& [ptr, bytes] = *found;
+    const size_t element = c10::elementSize(type->second);
+    if (static_cast<uint64_t>(numel) > bytes / element || bytes != numel * element) {
+      fail("", "storage " + record + " holds " + std::to_string(bytes) + " bytes, not " +
+                   std::to_string(numel) + " elements of " + std::to_string(element));
+    }
     auto v = make(Value::Kind::kTensor);
     v->tensor = torch::empty({numel}, torch::TensorOptions().dtype(type->second));
-    const auto record = "data/" + key;
-    if (!archive_.hasRecord(record)) fail("", "the archive lacks storage " + record);
-    auto [ptr, bytes] = archive_.getRecord(record);
-    const size_t want = static_cast<size_t>(numel) * c10::elementSize(type->second);
-    if (bytes != want) {
-      fail("", "storage " + record + " holds " + std::to_string(bytes) + " bytes, expected " +
-                   std::to_string(want));
-    }
-    std::memcpy(v->tensor.data_ptr(), ptr.get(), bytes);
+    if (bytes) std::memcpy(v->tensor.data_ptr(), ptr.get(), bytes);
     storages_.emplace(key, v);
     return v;
   }
 
   std::string path_;
-  caffe2::serialize::PyTorchStreamReader& archive_;
+  const detail::RecordSource& records_;
+  std::vector<std::unique_ptr<Value>> arena_;
   const char* data_;
   size_t size_;
   size_t pos_ = 0;
@@ -348,6 +372,33 @@ class Reader {
 };
 
 }  // namespace
+
+namespace detail {
+
+StateDict read_state_dict_pickle(const char* data, size_t size, const RecordSource& records,
+                                 const std::string& path) {
+  Reader reader(path, records, data, size);
+  const auto root = reader.run();
+  if (root->kind != Value::Kind::kDict) {
+    throw Error(ErrorCode::kMalformedInput, "", path + ": the file does not hold a dict");
+  }
+  StateDict state;
+  for (const auto& [k, v] : root->dict) {
+    if (k->kind != Value::Kind::kString) {
+      throw Error(ErrorCode::kMalformedInput, "", path + ": a key that is not a string");
+    }
+    if (v->kind != Value::Kind::kTensor) {
+      throw Error(ErrorCode::kMalformedInput, k->s, path + ": the value is not a tensor");
+    }
+    if (state.contains(k->s)) {
+      throw Error(ErrorCode::kMalformedInput, k->s, path + ": the key is saved twice");
+    }
+    state.insert(k->s, v->tensor);
+  }
+  return state;
+}
+
+}  // namespace detail
 
 StateDict load_torch_save(const std::string& path) {
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> archive;
@@ -361,22 +412,21 @@ StateDict load_torch_save(const std::string& path) {
     throw Error(ErrorCode::kMalformedInput, "",
                 path + ": not a torch.save zip archive (" + what.substr(0, what.find('\n')) + ")");
   }
-  Reader reader(path, *archive, static_cast<const char*>(pickle.get()), size);
-  const auto root = reader.run();
-  if (root->kind != Value::Kind::kDict) {
-    throw Error(ErrorCode::kMalformedInput, "", path + ": the file does not hold a dict");
-  }
-  StateDict state;
-  for (const auto& [k, v] : root->dict) {
-    if (k->kind != Value::Kind::kString) {
-      throw Error(ErrorCode::kMalformedInput, "", path + ": a key that is not a string");
+  const detail::RecordSource records =
+      [&archive, &path](const std::string& name) -> std::optional<std::pair<at::DataPtr, size_t>> {
+    try {
+      if (!archive->hasRecord(name)) return std::nullopt;
+      auto [bytes, size] = archive->getRecord(name);
+      return std::make_pair(std::move(bytes), size);
+    } catch (const c10::Error& e) {
+      const std::string what = e.what();
+      throw Error(
+          ErrorCode::kMalformedInput, "",
+          path + ": record " + name + " is damaged (" + what.substr(0, what.find('\n')) + ")");
     }
-    if (v->kind != Value::Kind::kTensor) {
-      throw Error(ErrorCode::kMalformedInput, k->s, path + ": the value is not a tensor");
-    }
-    state.insert(k->s, v->tensor);
-  }
-  return state;
+  };
+  return detail::read_state_dict_pickle(static_cast<const char*>(pickle.get()), size, records,
+                                        path);
 }
 
 }  // namespace wrapcert

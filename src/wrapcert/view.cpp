@@ -143,7 +143,47 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   return view;
 }
 
+void ModuleView::check_path_count() const {
+  // Paths to each node, in topological order (the view has no cycles), saturating.
+  const size_t n = nodes_.size();
+  std::vector<size_t> indegree(n, 0);
+  for (const auto& node : nodes_) {
+    for (const auto& edge : node.children) ++indegree[edge.node];
+  }
+  std::vector<uint64_t> paths(n, 0);
+  std::vector<std::pair<size_t, const Edge*>> first_parent(n, {0, nullptr});
+  std::vector<size_t> ready{0};
+  paths[0] = 1;
+  uint64_t visits = 0;
+  size_t most = 0;
+  while (!ready.empty()) {
+    const size_t index = ready.back();
+    ready.pop_back();
+    visits = std::min(visits + paths[index], kMaxVisits + 1);
+    if (paths[index] > paths[most]) most = index;
+    for (const auto& edge : nodes_[index].children) {
+      paths[edge.node] = std::min(paths[edge.node] + paths[index], kMaxVisits + 1);
+      if (!first_parent[edge.node].second) first_parent[edge.node] = {index, &edge};
+      if (--indegree[edge.node] == 0) ready.push_back(edge.node);
+    }
+  }
+  if (visits <= kMaxVisits) return;
+  std::vector<const std::string*> names;
+  for (size_t at = most; first_parent[at].second; at = first_parent[at].first) {
+    names.push_back(&first_parent[at].second->name);
+  }
+  std::string path;
+  for (auto it = names.rbegin(); it != names.rend(); ++it) path = join_path(path, **it);
+  throw Error(ErrorCode::kTooManyPaths, path,
+              "this module is reached by " +
+                  (paths[most] > kMaxVisits ? "more than " + std::to_string(kMaxVisits)
+                                            : std::to_string(paths[most])) +
+                  " paths; listing the state under every path would visit more than " +
+                  std::to_string(kMaxVisits) + " modules");
+}
+
 void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) const {
+  check_path_count();
   struct Item {
     size_t node;
     std::string clean_prefix;
@@ -205,6 +245,7 @@ StateDict ModuleView::state_dict() const {
 }
 
 std::vector<std::string> ModuleView::module_paths() const {
+  check_path_count();
   std::vector<std::string> paths;
   std::vector<std::pair<size_t, std::string>> stack{{0, ""}};
   while (!stack.empty()) {

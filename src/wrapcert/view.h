@@ -13,6 +13,7 @@
 
 #include <torch/ordered_dict.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -67,6 +68,12 @@ class ModuleView {
   using StateFn = std::function<void(const std::string&, const std::string&, const torch::Tensor&,
                                      bool through)>;
   void walk_state(const SeeThrough& is_wrapper, const StateFn& fn) const;
+  /// Throws `Error` (kTooManyPaths) naming the most-reached module when walking every path
+  /// (as state dicts do: a shared module appears under each) would visit more than
+  /// `kMaxVisits` modules: a lattice of shared modules has exponentially many paths.
+  void check_path_count() const;
+
+  static constexpr uint64_t kMaxVisits = uint64_t{1} << 24;
 
   std::vector<Node> nodes_;
   std::vector<std::string> root_via_;
