@@ -2,7 +2,8 @@
 # `wrapcert check-keys` as a pipeline runs it: a checkpoint saved from the seed's wrapped model
 # is fixable (exit 1), --fix writes a clean one (exit 0), a wrong model is broken (exit 2), and
 # a damaged file is an error naming the file (exit 2).
-# Also a checkpoint that PyTorch's own DataParallel saved (fixtures/golden/torch_save).
+# Also a checkpoint that PyTorch's own DataParallel saved (fixtures/golden/torch_save), and a
+# --fix run killed mid-write by the kernel (RLIMIT_FSIZE): the old file stays whole.
 #   tools/test_check_keys.sh path/to/wrapcert
 set -uo pipefail
 tool=$1
@@ -31,4 +32,13 @@ grep -q "damaged.safetensors" "$dir/err.txt" || fail "the error should name the 
 grep -q "module.block.0.weight -> block.0.weight" "$dir/dp.txt" || fail "DataParallel translation"
 "$tool" check-keys "$dir/dp.safetensors" --against "$golden/state_dict.pt" > /dev/null
 [ $? -eq 0 ] || fail "the fixed DataParallel checkpoint should be clean"
-echo "check-keys: fixable, fixed, clean, broken and damaged cases as expected"
+
+# Kill --fix mid-write: with a 4 KiB file-size limit the write past it is SIGXFSZ (exit 153).
+cp "$dir/clean.safetensors" "$dir/before.safetensors"
+entries=$(ls -A "$dir" | wc -l)
+(ulimit -f 4; exec "$tool" check-keys "$dir/wrapped.safetensors" --fixture tiny-gemma \
+  --fix "$dir/clean.safetensors" > /dev/null 2>&1)
+[ $? -eq 153 ] || fail "the --fix run was not killed by SIGXFSZ"
+cmp -s "$dir/before.safetensors" "$dir/clean.safetensors" || fail "the killed run damaged the file"
+[ "$(ls -A "$dir" | wc -l)" -eq "$entries" ] || fail "the killed run left a file behind"
+echo "check-keys: fixable, fixed, clean, broken, damaged and killed cases as expected"

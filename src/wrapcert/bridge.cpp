@@ -120,24 +120,28 @@ class MirrorImpl : public Layer {
   std::string python_class_;
 };
 
-c10::ScalarType dtype_of(const std::string& name, const std::string& path) {
+/// A key path, spelled out only when an error needs it: a dump can be deep enough that
+/// spelling every path would take quadratic memory.
+using Where = std::function<std::string()>;
+
+c10::ScalarType dtype_of(const std::string& name, const Where& where) {
   static const std::map<std::string, c10::ScalarType> table = {
       {"float32", c10::kFloat},     {"float64", c10::kDouble}, {"float16", c10::kHalf},
       {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},     {"int32", c10::kInt},
       {"int8", c10::kChar},         {"uint8", c10::kByte},     {"bool", c10::kBool}};
   const auto it = table.find(name);
-  if (it == table.end()) throw Error(ErrorCode::kInvalidArgument, path, "unknown dtype " + name);
+  if (it == table.end()) throw Error(ErrorCode::kInvalidArgument, where(), "unknown dtype " + name);
   return it->second;
 }
 
 /// LibTorch's own checks on a name, as an error naming the path instead of a c10::Error.
-void guard_name(const torch::nn::Module& module, const std::string& name, const std::string& path) {
+void guard_name(const torch::nn::Module& module, const std::string& name, const Where& where) {
   if (name.empty() || name.find('.') != std::string::npos) {
-    throw Error(ErrorCode::kMalformedInput, path, "a name that is empty or holds a dot");
+    throw Error(ErrorCode::kMalformedInput, where(), "a name that is empty or holds a dot");
   }
   if (module.named_parameters(false).contains(name) || module.named_buffers(false).contains(name) ||
       module.named_children().contains(name)) {
-    throw Error(ErrorCode::kMalformedInput, path, "the name is used twice in one module");
+    throw Error(ErrorCode::kMalformedInput, where(), "the name is used twice in one module");
   }
 }
 
@@ -159,15 +163,46 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
   if (!wrappers.is_object()) throw Error(ErrorCode::kInvalidArgument, "", "wrappers is no map");
   std::map<int64_t, torch::Tensor> storages;
   std::vector<ModulePtr> built(nodes.size());
+  // Dropped parents first when this returns or throws, so no destructor recurses down a deep
+  // dump (see release_tree).
+  std::vector<size_t> build_order;
+  struct ReleaseParentsFirst {
+    std::vector<ModulePtr>& built;
+    std::vector<size_t>& order;
+    ~ReleaseParentsFirst() {
+      for (auto it = order.rbegin(); it != order.rend(); ++it) built[*it].reset();
+    }
+  } release{built, build_order};
   std::vector<char> in_progress(nodes.size(), 0);
 
-  auto tensor = [&](const nlohmann::json& t, const std::string& where) {
+  // Every child edge followed: the node, the edge it was reached by, and its name.
+  struct Entry {
+    size_t node;
+    size_t parent;  // index into `entries`; npos for the root
+    std::string name;
+  };
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<Entry> entries;
+  auto path_of = [&entries](size_t e) {
+    std::vector<const std::string*> names;
+    for (; e != kNone && entries[e].parent != kNone; e = entries[e].parent) {
+      names.push_back(&entries[e].name);
+    }
+    std::string path;
+    for (auto it = names.rbegin(); it != names.rend(); ++it) path = detail::join_path(path, **it);
+    return path;
+  };
+  auto below = [&path_of](size_t e, const std::string& name) -> Where {
+    return [&path_of, e, &name] { return detail::join_path(path_of(e), name); };
+  };
+
+  auto tensor = [&](const nlohmann::json& t, const Where& where) {
     const auto storage = t.at(3).get<int64_t>();
     const auto shape = t.at(1).get<std::vector<int64_t>>();
     const auto dtype = dtype_of(t.at(2).get<std::string>(), where);
     if (auto it = storages.find(storage); it != storages.end()) {
       if (it->second.sizes() != c10::IntArrayRef(shape) || it->second.scalar_type() != dtype) {
-        throw Error(ErrorCode::kMalformedInput, where,
+        throw Error(ErrorCode::kMalformedInput, where(),
                     "shares storage " + std::to_string(storage) +
                         " with a tensor of another shape or dtype");
       }
@@ -176,48 +211,51 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
     int64_t numel = 1;
     for (const auto d : shape) {
       if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
-        throw Error(ErrorCode::kMalformedInput, where, "a shape with a negative or too large size");
+        throw Error(ErrorCode::kMalformedInput, where(),
+                    "a shape with a negative or too large size");
       }
     }
     auto value = torch::empty(shape, torch::TensorOptions().device(c10::kMeta).dtype(dtype));
     storages.emplace(storage, value);
     return value;
   };
-  auto node_at = [&](const nlohmann::json& index, const std::string& path) -> size_t {
+  auto node_at = [&](const nlohmann::json& index, const Where& where) -> size_t {
     if (!index.is_number_unsigned() || index.get<size_t>() >= nodes.size()) {
-      throw Error(ErrorCode::kMalformedInput, path, "refers to no node of the dump");
+      throw Error(ErrorCode::kMalformedInput, where(), "refers to no node of the dump");
     }
     return index.get<size_t>();
   };
-  // Depth-first without recursion (a dump may be deeper than the stack): a frame is entered
+
+  // Depth-first without recursion (a dump may be deeper than the stack): an entry is visited
   // once to push its children, and built when it is met again with all of them built.
-  struct Frame {
-    size_t index;
-    std::string path;
-  };
-  std::vector<Frame> stack;
-  const auto root = node_at(j["root"], "");
-  stack.push_back({root, ""});
+  std::vector<size_t> stack;
+  const auto root = node_at(j["root"], [] { return std::string(); });
+  entries.push_back({root, kNone, ""});
+  stack.push_back(0);
   try {
     while (!stack.empty()) {
-      const Frame frame = stack.back();
-      const auto& node = nodes[frame.index];
+      const size_t e = stack.back();
+      const size_t index = entries[e].node;
+      const auto& node = nodes[index];
       const auto cls = node.at("class").get<std::string>();
       const auto& children = node.at("children");
-      if (built[frame.index]) {
+      if (built[index]) {
         stack.pop_back();
         continue;
       }
-      if (!in_progress[frame.index]) {
-        in_progress[frame.index] = 1;
+      if (!in_progress[index]) {
+        in_progress[index] = 1;
         for (const auto& c : children) {
           const auto name = c.at(0).get<std::string>();
-          const auto path = detail::join_path(frame.path, name);
-          const auto child = node_at(c.at(1), path);
+          const auto child = node_at(c.at(1), below(e, name));
           if (in_progress[child] && !built[child]) {
-            throw Error(ErrorCode::kCycle, path, "the dump's module is its own ancestor");
+            throw Error(ErrorCode::kCycle, below(e, name)(),
+                        "the dump's module is its own ancestor");
           }
-          if (!built[child]) stack.push_back({child, path});
+          if (!built[child]) {
+            entries.push_back({child, e, name});
+            stack.push_back(entries.size() - 1);
+          }
         }
         continue;
       }
@@ -226,14 +264,14 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
       if (wrappers.contains(cls)) {
         const auto kind_name = wrappers[cls].get<std::string>();
         if (!registry.contains(kind_name)) {
-          throw Error(ErrorCode::kUnknownWrapper, frame.path,
+          throw Error(ErrorCode::kUnknownWrapper, path_of(e),
                       "the dump maps " + cls + " to '" + kind_name +
                           "', which is not a registered wrapper kind");
         }
         const auto& kind = registry.at(kind_name);
         if (children.size() != 1 || children[0].at(0).get<std::string>() != kind.slot ||
             !node.at("params").empty() || !node.at("buffers").empty()) {
-          throw Error(ErrorCode::kWrapperState, frame.path,
+          throw Error(ErrorCode::kWrapperState, path_of(e),
                       cls + " should hold just one child, at '" + kind.slot + "'");
         }
         module = kind.make(built[children[0].at(1).get<size_t>()]);
@@ -241,32 +279,29 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
         auto mirror = std::make_shared<MirrorImpl>(cls);
         for (const auto& p : node.at("params")) {
           const auto name = p.at(0).get<std::string>();
-          const auto path = detail::join_path(frame.path, name);
-          guard_name(*mirror, name, path);
-          mirror->register_parameter(name, tensor(p, path));
+          guard_name(*mirror, name, below(e, name));
+          mirror->register_parameter(name, tensor(p, below(e, name)));
         }
         for (const auto& b : node.at("buffers")) {
           const auto name = b.at(0).get<std::string>();
-          const auto path = detail::join_path(frame.path, name);
-          guard_name(*mirror, name, path);
-          mirror->register_buffer(name, tensor(b, path));
+          guard_name(*mirror, name, below(e, name));
+          mirror->register_buffer(name, tensor(b, below(e, name)));
         }
         for (const auto& c : children) {
           const auto name = c.at(0).get<std::string>();
-          const auto path = detail::join_path(frame.path, name);
-          guard_name(*mirror, name, path);
+          guard_name(*mirror, name, below(e, name));
           mirror->register_module(name, built[c.at(1).get<size_t>()]);
         }
         module = mirror;
       }
-      built[frame.index] = module;
+      built[index] = module;
+      build_order.push_back(index);
     }
   } catch (const nlohmann::json::exception& e) {
-    const auto where = stack.empty() ? std::string() : stack.back().path;
-    throw Error(ErrorCode::kInvalidArgument, where,
+    throw Error(ErrorCode::kInvalidArgument, stack.empty() ? std::string() : path_of(stack.back()),
                 std::string("the dump is malformed: ") + e.what());
   }
-  return built[root];
+  return std::move(built[root]);
 }
 
 std::vector<props::Verdict> check_tree_dump(const std::string& json_text) {

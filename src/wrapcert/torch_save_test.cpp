@@ -1,11 +1,14 @@
+#include <wrapcert/detail/pickle.h>
 #include <wrapcert/error.h>
 #include <wrapcert/safetensors.h>
 #include <wrapcert/torch_save.h>
 
+#include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <fstream>
 
 namespace wrapcert {
@@ -83,6 +86,114 @@ TEST(PythonWrittenSafetensors, ReadsBackTheSameTensors) {
     ASSERT_TRUE(saved.contains(item.key())) << item.key();
     EXPECT_TRUE(item.value().equal(saved[item.key()])) << item.key();
   }
+}
+
+}  // namespace
+}  // namespace wrapcert
+
+namespace wrapcert {
+namespace {
+
+/// Pickles written opcode by opcode, for what PyTorch never writes but a damaged or hostile
+/// file may hold.
+struct Pickle {
+  std::string bytes = "\x80\x02";  // PROTO 2
+  Pickle& op(const std::string& s) {
+    bytes += s;
+    return *this;
+  }
+  Pickle& str(const std::string& s) {
+    bytes += 'X';
+    for (int i = 0; i < 4; ++i) bytes += static_cast<char>((s.size() >> (8 * i)) & 0xff);
+    bytes += s;
+    return *this;
+  }
+  Pickle& small(int v) { return op(std::string{'K', static_cast<char>(v)}); }
+  /// A float storage "key" of `numel` elements (BINPERSID).
+  Pickle& storage(const std::string& key, int numel) {
+    op("(").str("storage").op("ctorch\nFloatStorage\n").str(key).str("cpu").small(numel);
+    return op("tQ");
+  }
+  /// _rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict()).
+  Pickle& tensor(const std::string& key, int numel, int offset, std::vector<int> size,
+                 std::vector<int> stride) {
+    op("ctorch._utils\n_rebuild_tensor_v2\n(");
+    storage(key, numel).small(offset).op("(");
+    for (int s : size) small(s);
+    op("t(");
+    for (int s : stride) small(s);
+    return op("t\x89").op("ccollections\nOrderedDict\n)R").op("tR");
+  }
+};
+
+StateDict run(const Pickle& p) {
+  const detail::RecordSource records =
+      [](const std::string& name) -> std::optional<std::pair<at::DataPtr, size_t>> {
+    if (name == "data/e") return std::make_pair(c10::GetCPUAllocator()->allocate(0), size_t{0});
+    if (name != "data/0") return std::nullopt;
+    auto bytes = c10::GetCPUAllocator()->allocate(16);
+    std::memset(bytes.get(), 0, 16);
+    return std::make_pair(std::move(bytes), size_t{16});  // four floats
+  };
+  return detail::read_state_dict_pickle(p.bytes.data(), p.bytes.size(), records, "test.pkl");
+}
+
+void expect_malformed(const Pickle& p, const std::string& key, const std::string& what) {
+  try {
+    (void)run(p);
+    ADD_FAILURE() << "accepted: " << what;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kMalformedInput) << e.what();
+    EXPECT_EQ(e.key_path(), key) << e.what();
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(what));
+  }
+}
+
+TEST(TorchSavePickle, ReadsAHandWrittenStateDict) {
+  Pickle p;
+  p.op("}").str("w").tensor("0", 4, 0, {2, 2}, {2, 1}).op("s.");
+  const auto state = run(p);
+  ASSERT_EQ(keys(state), std::vector<std::string>{"w"});
+  EXPECT_EQ(state["w"].sizes(), (std::vector<int64_t>{2, 2}));
+}
+
+TEST(TorchSavePickle, RefusesViewsOutsideTheirStorage) {
+  Pickle reach;
+  reach.op("}").str("w").tensor("0", 4, 1, {2, 2}, {2, 1}).op("s.");
+  expect_malformed(reach, "", "reaches past its storage");
+  Pickle empty;  // a view of elements of an empty storage
+  empty.op("}").str("w").tensor("e", 0, 0, {1}, {1}).op("s.");
+  expect_malformed(empty, "", "reaches past its storage");
+  Pickle wrong_size;
+  wrong_size.op("}").str("w").tensor("0", 5, 0, {5}, {1}).op("s.");
+  expect_malformed(wrong_size, "", "holds 16 bytes, not 5 elements");
+  Pickle ranks;  // two sizes, one stride
+  ranks.op("}").str("w").tensor("0", 4, 0, {2, 2}, {1}).op("s.");
+  expect_malformed(ranks, "", "one length expected");
+  Pickle negative;  // a stride of -1 (BININT)
+  negative.op("}").str("w").tensor("0", 4, 0, {2}, {}).op("s.");
+  negative.bytes.replace(negative.bytes.find("t(t"), 3, std::string("t(J\xff\xff\xff\xfft", 8));
+  expect_malformed(negative, "", "a stride that is not a non-negative integer");
+  Pickle lacking;
+  lacking.op("}").str("w").tensor("7", 4, 0, {4}, {1}).op("s.");
+  expect_malformed(lacking, "", "lacks storage data/7");
+}
+
+TEST(TorchSavePickle, RefusesAKeySavedTwice) {
+  Pickle p;
+  p.op("}(").str("w").tensor("0", 4, 0, {4}, {1}).str("w").tensor("0", 4, 0, {4}, {1}).op("u.");
+  expect_malformed(p, "w", "saved twice");
+}
+
+TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
+  Pickle p;  // l = []; l.append(l); {"l": l}
+  p.op("}").str("l").op("]q\x00h\x00").op("as.");
+  expect_malformed(p, "l", "the value is not a tensor");
+  Pickle deep;  // a million nested 1-tuples
+  deep.op("N");
+  for (int i = 0; i < 1000000; ++i) deep.op("\x85");
+  deep.op(".");
+  expect_malformed(deep, "", "does not hold a dict");
 }
 
 }  // namespace

@@ -91,6 +91,13 @@ void load_state_dict(const ModulePtr& root, const StateDict& state);
 /// The keys of a state dict, in order.
 std::vector<std::string> keys(const StateDict& state);
 
+/// Drops `root` (the caller's last reference) without the recursion of LibTorch's destructors,
+/// which take one stack frame chain per level and overflow somewhere past 10^4 levels. Shared
+/// modules still referenced elsewhere survive; nothing in the tree is modified.
+///
+///   wrapcert::release_tree(std::move(hundred_thousand_deep_chain));
+void release_tree(ModulePtr root);
+
 /// Marks a registered buffer of `module` as non-persistent (PyTorch's
 /// `register_buffer(..., persistent=False)`): it stays in `named_buffers()` but leaves every
 /// wrapcert state dict. Throws `Error` (kUnknownKey) if `module` has no such buffer.

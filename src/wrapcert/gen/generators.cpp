@@ -78,7 +78,7 @@ rc::Gen<NodeSpec> node(const GenOptions& o, int depth) {
                                         Container::kModuleList, Container::kModuleDict)),
           rc::gen::set(&NodeSpec::children, children),
           rc::gen::set(&NodeSpec::wrappers, stack(o, !o.root_chain_only))),
-      subtrees);
+      [](const NodeSpec& n) { return subtrees(n); });
   if (!o.sharing) return rc::gen::weightedOneOf<NodeSpec>({{4, leaf(o)}, {3, container}});
   auto shared = rc::gen::build<NodeSpec>(
       rc::gen::set(&NodeSpec::type, rc::gen::just(NodeSpec::Type::kShared)),

@@ -1,0 +1,313 @@
+// Adversarial graphs: each gives a correct result or an Error naming the key path; never a
+// crash, a hang or a silently dropped key. Label `adversarial`; the figures for time and memory
+// at these sizes come from bench/wrapcert_bench (BM_MillionModuleTree, BM_DeepChain).
+#include <wrapcert/bridge.h>
+#include <wrapcert/properties.h>
+#include <wrapcert/testing/models.h>
+#include <wrapcert/wrapcert.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace wrapcert {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::keys_of;
+
+/// Runs `f`, which must throw an Error with `code` at `path`; returns the message.
+template <typename F>
+std::string expect_error(F f, ErrorCode code, const std::string& path) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_EQ(e.key_path(), path) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+ModulePtr linear() {
+  return torch::nn::Linear(torch::nn::LinearOptions(2, 2)).ptr();
+}
+
+TEST(Adversarial, ACycleThroughAWrapperIsAnErrorNamingThePath) {
+  auto inner = std::make_shared<torch::nn::Module>();
+  inner->register_module("proj", linear());
+  auto wrapper = Registry::global().at("DataParallel").make(inner);
+  auto block = std::make_shared<torch::nn::Module>();
+  inner->register_module("block", block);
+  block->register_module("back", wrapper);  // wrapper -> inner -> block -> wrapper
+
+  expect_error([&] { (void)unwrap_reference(wrapper); }, ErrorCode::kCycle, "module.block.back");
+  expect_error([&] { (void)KeyTranslator::from_tree(wrapper); }, ErrorCode::kCycle,
+               "module.block.back");
+  expect_error([&] { (void)format_tree(wrapper); }, ErrorCode::kCycle, "module.block.back");
+  expect_error([&] { (void)state_dict(wrapper); }, ErrorCode::kCycle, "module.block.back");
+  // The duck-typed subject recurses like Python and stops at Python's limit.
+  EXPECT_THROW((void)unwrap_duck_typed(wrapper), Error);
+  EXPECT_EQ(unwrap_legacy(wrapper), inner) << "legacy only follows the root chain";
+  block->replace_module("back", linear());  // break the reference cycle (no leak)
+}
+
+TEST(Adversarial, ACycleThroughContainersIsAnErrorNamingThePath) {
+  torch::nn::ModuleList outer;
+  torch::nn::ModuleDict middle;
+  torch::nn::ModuleList inner;
+  inner->push_back(torch::nn::Linear(2, 2));
+  middle->update(std::vector<std::pair<std::string, ModulePtr>>{{"inner", inner.ptr()}});
+  outer->push_back(middle.ptr());
+  inner->push_back(outer.ptr());  // outer.0.inner.1 is outer again
+
+  expect_error([&] { (void)unwrap_reference(outer.ptr()); }, ErrorCode::kCycle, "0.inner.1");
+  expect_error([&] { (void)KeyTranslator::from_tree(outer.ptr()); }, ErrorCode::kCycle,
+               "0.inner.1");
+  replace_child(*inner, "1", linear());  // break the cycle in both of ModuleList's lists
+}
+
+TEST(Adversarial, AHundredThousandDeepWrapperChainUnwrapsTranslatesAndIsReleased) {
+  constexpr size_t kDepth = 100000;
+  ModulePtr leaf = linear();
+  ModulePtr m = leaf;
+  const auto& kinds = Registry::global().kinds();
+  for (size_t i = 0; i < kDepth; ++i) m = kinds[i % kinds.size()].make(m);
+  std::string wrapped_prefix;  // the outermost wrapper's slot first
+  for (size_t i = kDepth; i-- > 0;) wrapped_prefix += kinds[i % kinds.size()].slot + ".";
+  {
+    const auto view = unwrap_reference(m);
+    EXPECT_EQ(view.root().module, leaf);
+    EXPECT_EQ(view.root_via().size(), kDepth);
+    EXPECT_EQ(keys_of(view.state_dict()), keys_of(state_dict(leaf)));
+    EXPECT_EQ(unwrap_legacy(m), leaf);
+    try {
+      (void)unwrap_duck_typed(m);
+      ADD_FAILURE() << "the duck-typed subject went 100,000 levels deep";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kRecursionLimit);
+      EXPECT_THAT(e.key_path(), ::testing::StartsWith("module."));
+    }
+
+    const auto tr = KeyTranslator::from_tree(m);
+    ASSERT_EQ(tr.size(), 2u);
+    EXPECT_EQ(tr.to_clean(wrapped_prefix + "weight"), "weight");
+    EXPECT_EQ(tr.to_wrapped("bias"), wrapped_prefix + "bias");
+    EXPECT_TRUE(tr.to_wrapped("weight").size() > 5 * kDepth) << "every slot is spelled out";
+  }
+  release_tree(std::move(m));  // LibTorch's destructors would recurse 100,000 levels
+  EXPECT_EQ(leaf.use_count(), 1) << "the chain is gone, the leaf is ours alone";
+}
+
+/// A tree of `blocks` wrapped blocks of `width` leaves each, one parameter per leaf (meta):
+/// blocks * (width + 2) + 1 modules.
+ModulePtr wide_tree(size_t blocks, size_t width) {
+  auto root = std::make_shared<torch::nn::Module>();
+  const auto& ddp = Registry::global().at("DataParallel");
+  for (size_t b = 0; b < blocks; ++b) {
+    auto block = std::make_shared<torch::nn::Module>();
+    for (size_t l = 0; l < width; ++l) {
+      auto leaf = std::make_shared<torch::nn::Module>();
+      leaf->register_parameter("w", torch::empty({1}, torch::TensorOptions().device(c10::kMeta)));
+      block->register_module("l" + std::to_string(l), leaf);
+    }
+    root->register_module("b" + std::to_string(b), ddp.make(block));
+  }
+  return root;
+}
+
+TEST(Adversarial, AMillionModuleTreeUnwrapsWithEveryKey) {
+  constexpr size_t kBlocks = 1000, kWidth = 998;  // 1,000,001 modules
+  auto tree = wide_tree(kBlocks, kWidth);
+  const auto view = unwrap_reference(tree);
+  EXPECT_EQ(view.size(), 1 + kBlocks * (kWidth + 1)) << "wrappers are seen through";
+  const auto tr = KeyTranslator::from_tree(tree);
+  ASSERT_EQ(tr.size(), kBlocks * kWidth);
+  EXPECT_EQ(tr.pairs().front(),
+            std::make_pair(std::string("b0.module.l0.w"), std::string("b0.l0.w")));
+  EXPECT_EQ(tr.pairs().back(),
+            std::make_pair(std::string("b999.module.l997.w"), std::string("b999.l997.w")));
+  size_t leftovers = 0;
+  for (const auto& [wrapped, clean] : tr.pairs()) {
+    leftovers += clean.find(".module.") != std::string::npos;
+  }
+  EXPECT_EQ(leftovers, 0u);
+  release_tree(std::move(tree));
+}
+
+TEST(Adversarial, AWrapperWithAnEmptySlotIsAnErrorNamingIt) {
+  Registry registry = Registry::with_builtins();
+  struct HollowImpl : torch::nn::Module {};
+  registry.add(WrapperKind("Hollow", typeid(HollowImpl), "inner"));
+  auto root = std::make_shared<torch::nn::Module>();
+  auto layers = std::make_shared<torch::nn::Module>();
+  root->register_module("layers", layers);
+  layers->register_module("0", std::make_shared<HollowImpl>());
+  const auto message = expect_error([&] { (void)unwrap_reference(root, registry); },
+                                    ErrorCode::kEmptySlot, "layers.0.inner");
+  EXPECT_THAT(message, HasSubstr("Hollow has no module in its slot"));
+  expect_error([&] { (void)KeyTranslator::from_tree(root, registry); }, ErrorCode::kEmptySlot,
+               "layers.0.inner");
+}
+
+TEST(Adversarial, AModuleReachedByAThousandPathsKeepsEveryKeyAndOneTensor) {
+  auto shared = linear();
+  torch::nn::ModuleList list;
+  const auto& kinds = Registry::global().kinds();
+  for (size_t i = 0; i < 1000; ++i) {
+    list->push_back(i % 2 ? kinds[i % kinds.size()].make(shared) : shared);
+  }
+  const auto view = unwrap_reference(list.ptr());
+  EXPECT_EQ(view.size(), 2u) << "the shared module is visited once";
+  const auto state = view.state_dict();
+  ASSERT_EQ(state.size(), 2000u) << "as PyTorch: its keys under every path";
+  EXPECT_EQ(state.keys().front(), "0.weight");
+  EXPECT_EQ(state.keys().back(), "999.bias");
+  for (const auto& item : state) {
+    EXPECT_TRUE(item.value().is_same(item.key().rfind(".weight") != std::string::npos
+                                         ? shared->named_parameters()["weight"]
+                                         : shared->named_parameters()["bias"]))
+        << item.key();
+  }
+  // P3: the 1000 weight keys form one tie group in the wrapped tree and in the unwrapped one.
+  EXPECT_EQ(props::tie_groups(state).size(), 2u);
+  EXPECT_EQ(
+      props::tie_groups(state),
+      props::tie_groups(KeyTranslator::from_tree(list.ptr()).to_clean(state_dict(list.ptr()))));
+}
+
+/// Levels of two edges to one shared module: 2^levels paths to the bottom.
+ModulePtr lattice(int levels) {
+  ModulePtr bottom = linear();
+  for (int i = 0; i < levels; ++i) {
+    auto m = std::make_shared<torch::nn::Module>();
+    m->register_module("left", bottom);
+    m->register_module("right", Registry::global().at("OptimizedModule").make(bottom));
+    bottom = m;
+  }
+  return bottom;
+}
+
+TEST(Adversarial, ALatticeWithExponentiallyManyPathsIsListedOrRefusedQuickly) {
+  const auto small = lattice(10);  // 1,024 paths to the bottom
+  const auto state = unwrap_reference(small).state_dict();
+  EXPECT_EQ(state.size(), 2u * 1024u);
+  std::string first;
+  for (int i = 0; i < 10; ++i) first += "left.";
+  EXPECT_EQ(state.keys().front(), first + "weight");
+
+  const auto huge = lattice(60);             // 2^60 paths: listing them would never end
+  const auto view = unwrap_reference(huge);  // the view itself is linear: 61 nodes
+  EXPECT_EQ(view.size(), 61u);
+  // Named: the first module reached by more paths than the limit (2^25 > 2^24).
+  std::string bottom_path;
+  for (int i = 0; i < 25; ++i) bottom_path += i ? ".left" : "left";
+  const auto message =
+      expect_error([&] { (void)view.state_dict(); }, ErrorCode::kTooManyPaths, bottom_path);
+  EXPECT_THAT(message, HasSubstr("more than 16777216 paths"));
+  expect_error([&] { (void)KeyTranslator::from_tree(huge); }, ErrorCode::kTooManyPaths,
+               bottom_path);
+}
+
+/// Wrapper kinds a framework author might add.
+class FirstImpl : public WrapperImpl {
+ public:
+  explicit FirstImpl(ModulePtr inner) : WrapperImpl("First", "first_module", std::move(inner)) {}
+};
+
+TEST(Adversarial, TwoKindsClaimingOneTypeOrOneKindTwiceLeaveTheRegistryAsItWas) {
+  Registry r = Registry::with_builtins();
+  const auto before = r.names();
+  r.add(wrapper_kind<FirstImpl>("First", "first_module"));
+  // The same kind again, by name.
+  auto message = expect_error([&] { r.add(wrapper_kind<FirstImpl>("First", "first_module")); },
+                              ErrorCode::kDuplicateKind, "first_module");
+  EXPECT_THAT(message, HasSubstr("'First' is already registered"));
+  // Another kind claiming the same C++ type.
+  message = expect_error([&] { r.add(wrapper_kind<FirstImpl>("Second", "second_module")); },
+                         ErrorCode::kDuplicateKind, "second_module");
+  EXPECT_THAT(message, HasSubstr("already registered as 'First'"));
+  // A built-in name for a new type.
+  message = expect_error([&] { r.add(wrapper_kind<FirstImpl>("DataParallel", "module")); },
+                         ErrorCode::kDuplicateKind, "module");
+
+  auto expected = before;
+  expected.push_back("First");
+  EXPECT_EQ(r.names(), expected) << "nothing half-registered";
+  auto model = std::make_shared<torch::nn::Module>();
+  model->register_module("layer", std::make_shared<FirstImpl>(linear()));
+  EXPECT_THAT(keys_of(unwrap_reference(model, r).state_dict()),
+              ElementsAre("layer.weight", "layer.bias"));
+}
+
+nlohmann::json golden_dump(const std::string& name) {
+  std::ifstream in(std::string(WRAPCERT_GOLDEN_DIR) + "/torch_tree/" + name + ".json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+TEST(Adversarial, AnUnknownWrapperClassInAPythonDumpIsReportedNotDropped) {
+  // A wrapper class the dump maps to a kind wrapcert does not have: an error naming the path.
+  auto dump = golden_dump("dump_data_parallel");
+  dump["wrappers"]["DataParallel"] = "DataParallelV9";
+  const auto message = expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); },
+                                    ErrorCode::kUnknownWrapper, "");
+  EXPECT_THAT(message, HasSubstr("DataParallelV9"));
+
+  // A wrapper class the dump does not declare: mirrored as a plain module, so its slot stays in
+  // the keys and P1 fails naming the first leftover key (nothing is silently unwrapped).
+  dump = golden_dump("dump_data_parallel");
+  dump["nodes"][0]["class"] = "MyDataParallel";
+  const auto verdicts = bridge::check_tree_dump(dump.dump());
+  ASSERT_FALSE(verdicts.empty());
+  EXPECT_EQ(verdicts[0].property, "P1 keys");
+  EXPECT_FALSE(verdicts[0].passed);
+  EXPECT_THAT(verdicts[0].key, ::testing::StartsWith("module."));
+}
+
+TEST(Adversarial, ADumpWithACycleOrADanglingChildIsAnErrorNamingThePath) {
+  auto dump = golden_dump("dump_data_parallel");
+  dump["nodes"][4]["children"][0][1] = 1;  // module.layers.0.proj is Net again
+  expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); }, ErrorCode::kCycle,
+               "module.layers.0.proj");
+  dump = golden_dump("dump_data_parallel");
+  dump["nodes"][4]["children"][0][1] = 999;
+  expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); }, ErrorCode::kMalformedInput,
+               "module.layers.0.proj");
+  dump = golden_dump("dump_data_parallel");
+  dump["nodes"][0]["children"] = nlohmann::json::array();  // DataParallel with an empty slot
+  expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); }, ErrorCode::kWrapperState, "");
+}
+
+TEST(Adversarial, ADumpDeeperThanTheStackLoads) {
+  nlohmann::json dump = {{"root", 0}, {"wrappers", {{"DataParallel", "DataParallel"}}}};
+  constexpr size_t kDepth = 100000;
+  for (size_t i = 0; i < kDepth; ++i) {
+    nlohmann::json node = {{"class", i % 2 ? "Block" : "DataParallel"},
+                           {"params", nlohmann::json::array()},
+                           {"buffers", nlohmann::json::array()}};
+    node["children"] =
+        nlohmann::json::array({nlohmann::json::array({i % 2 ? "inner" : "module", i + 1})});
+    dump["nodes"].push_back(node);
+  }
+  dump["nodes"].push_back({{"class", "Linear"},
+                           {"children", nlohmann::json::array()},
+                           {"buffers", nlohmann::json::array()},
+                           {"params", {{"weight", {2, 2}, "float32", 0}}}});
+  auto mirror = bridge::load_tree_dump(dump.dump());
+  const auto view = unwrap_reference(mirror);
+  EXPECT_EQ(view.size(), kDepth / 2 + 1);
+  release_tree(std::move(mirror));
+}
+
+}  // namespace
+}  // namespace wrapcert
