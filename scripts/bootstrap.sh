@@ -14,6 +14,7 @@ packages=(
   libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev
+  clang libclang-rt-14-dev clang-tidy
 )
 
 missing=()
@@ -31,6 +32,8 @@ if [ ${#missing[@]} -gt 0 ] && [ "${WRAPCERT_NO_APT:-0}" != 1 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# ccache hits across clones: paths under the checkout are hashed relative to it.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 # shellcheck disable=SC2086  # WRAPCERT_CMAKE_ARGS is a list of arguments
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${WRAPCERT_CMAKE_ARGS:-} >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The sanitizer and fuzzing stage of the tests (scripts/test.sh runs it after the main suite).
+# Builds wrapcert with clang in build-asan/: AddressSanitizer and UndefinedBehaviorSanitizer
+# (LeakSanitizer on, every report fatal) plus libFuzzer coverage. Then runs the unit,
+# regression and adversarial suites, a reduced property profile, and each fuzz target for
+# WRAPCERT_FUZZ_SECONDS (default 20) from its committed corpus. Arguments go to ctest instead.
+#   SANITIZE_BUILD_DIR  build folder (default: build-asan)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+export BUILD_DIR=${SANITIZE_BUILD_DIR:-build-asan}
+# The `Sanitize` build type is -O1 with line tables: affordable on two cores, readable reports.
+export WRAPCERT_CMAKE_ARGS="-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Sanitize \
+  -DWRAPCERT_SANITIZE=address,undefined \
+  -DWRAPCERT_BUILD_FUZZERS=ON -DWRAPCERT_BUILD_BENCHMARKS=OFF -DWRAPCERT_INSTALL=OFF \
+  -DWRAPCERT_FUZZ_SECONDS=${WRAPCERT_FUZZ_SECONDS:-20} ${WRAPCERT_CMAKE_ARGS:-}"
+"$root/scripts/bootstrap.sh"
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:\
+check_initialization_order=1:strict_init_order=1:detect_invalid_pointer_pairs=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export LSAN_OPTIONS="suppressions=$root/tools/sanitizers/lsan.supp:print_suppressions=0"
+# Properties: the faulty-subject checks keep the profile they are given (they must find their
+# counterexample); the Reference.* properties run a reduced profile with the pinned seed.
+seed=$(sed -n 's/.*\bseed=\([0-9]*\).*/\1/p' <<<"${RC_PARAMS:-}")
+reduced="${seed:+seed=$seed }max_success=25 max_size=60"
+
+run() { ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"; }
+if [ $# -gt 0 ]; then
+  run "$@"
+else
+  run -L 'unit|regression|adversarial|property|fuzz' -LE slow -E '^Reference\.'
+  RC_PARAMS="$reduced" run -L property -LE slow -R '^Reference\.'
+fi
