@@ -67,7 +67,7 @@ std::vector<props::Verdict> check_seed_keys(const std::string& json_text,
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e99999
     throw Error(ErrorCode::kInvalidArgument, "",
                 std::string("the bridge JSON does not parse: ") + e.what());
   }
@@ -151,7 +151,7 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e99999
     throw Error(ErrorCode::kInvalidArgument, "",
                 std::string("the dump does not parse: ") + e.what());
   }
@@ -196,9 +196,19 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
     return [&path_of, e, &name] { return detail::join_path(path_of(e), name); };
   };
 
+  // nlohmann converts a float to an integer with a plain cast (undefined out of range, found by
+  // the fuzzer under UBSan): integers are checked to be integers first.
+  auto integer = [](const nlohmann::json& v, const Where& where) {
+    if (!v.is_number_integer()) {
+      throw Error(ErrorCode::kMalformedInput, where(), "expected an integer, found " + v.dump());
+    }
+    return v.get<int64_t>();
+  };
   auto tensor = [&](const nlohmann::json& t, const Where& where) {
-    const auto storage = t.at(3).get<int64_t>();
-    const auto shape = t.at(1).get<std::vector<int64_t>>();
+    const auto storage = integer(t.at(3), where);
+    if (!t.at(1).is_array()) throw Error(ErrorCode::kMalformedInput, where(), "no shape list");
+    std::vector<int64_t> shape;
+    for (const auto& d : t.at(1)) shape.push_back(integer(d, where));
     const auto dtype = dtype_of(t.at(2).get<std::string>(), where);
     if (auto it = storages.find(storage); it != storages.end()) {
       if (it->second.sizes() != c10::IntArrayRef(shape) || it->second.scalar_type() != dtype) {
@@ -208,9 +218,10 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
       }
       return it->second;
     }
-    int64_t numel = 1;
+    // The size in bytes must fit LibTorch's int64 (found by the fuzzer: [2^63 - 1] floats).
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
     for (const auto d : shape) {
-      if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
+      if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) {
         throw Error(ErrorCode::kMalformedInput, where(),
                     "a shape with a negative or too large size");
       }
@@ -300,6 +311,10 @@ ModulePtr load_tree_dump(const std::string& json_text, const Registry& registry)
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, stack.empty() ? std::string() : path_of(stack.back()),
                 std::string("the dump is malformed: ") + e.what());
+  } catch (const c10::Error& e) {  // a check of LibTorch's that the ones above did not foresee
+    const std::string what = e.what();
+    throw Error(ErrorCode::kMalformedInput, stack.empty() ? std::string() : path_of(stack.back()),
+                "LibTorch refused the dump: " + what.substr(0, what.find('\n')));
   }
   return std::move(built[root]);
 }

@@ -51,6 +51,24 @@ TEST(Bridge, MalformedJsonNamesTheField) {
   } catch (const Error& e) {
     EXPECT_EQ(e.key_path(), "recursive");
   }
+  // Found by the tree-dump fuzzer: a number past double's range is nlohmann's out_of_range,
+  // not a parse_error, and escaped as such.
+  EXPECT_THROW((void)check_seed_keys(R"({"original": [1e1032300]})", fixtures::tiny_gemma()),
+               Error);
+  EXPECT_THROW((void)load_tree_dump(R"({"root": 0, "nodes": [1e1032300]})"), Error);
+  // Also found by it: a shape whose element count fits int64 but whose size in bytes does not.
+  try {
+    (void)load_tree_dump(R"({"root": 0, "nodes": [{"class": "Linear", "children": [],
+        "buffers": [], "params": [["weight", [9223372036854775807], "float32", 0]]}]})");
+    FAIL() << "accepted a tensor of 2^63 - 1 floats";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.key_path(), "weight");
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("too large"));
+  }
+  // And under UBSan: a float where an integer belongs was cast out of range by nlohmann.
+  EXPECT_THROW((void)load_tree_dump(R"({"root": 0, "nodes": [{"class": "Linear", "children": [],
+        "buffers": [], "params": [["weight", [9.2e19], "float32", 0]]}]})"),
+               Error);
 }
 
 TEST(Bridge, LiveRunOnThisMachinesPyTorch) {
