@@ -4,11 +4,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -105,8 +106,9 @@ TEST_F(AtomicFile, ARunKilledMidWriteLeavesTheOldFileWhole) {
   const std::string old(100000, 'o');  // larger than the limit: only new writes are limited
   write_file_atomically(file_, old);
   const int status = in_child([this] {
+    constexpr rlim_t kLimit = rlim_t{64} * 1024;
     struct rlimit limit {
-      64 * 1024, 64 * 1024
+      kLimit, kLimit
     };
     ::setrlimit(RLIMIT_FSIZE, &limit);
     write_file_atomically(file_, std::string(1 << 20, 'n'));

@@ -27,7 +27,7 @@ class Safetensors : public ::testing::Test {
 
   /// A file with `header` as its JSON and `data` bytes of data, as another writer would make.
   std::string raw(const std::string& header, size_t data, uint64_t length_override = 0) {
-    const auto p = path("raw.safetensors");
+    auto p = path("raw.safetensors");
     std::ofstream out(p, std::ios::binary);
     const uint64_t length = length_override ? length_override : header.size();
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xff));

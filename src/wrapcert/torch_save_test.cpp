@@ -115,8 +115,8 @@ struct Pickle {
     return op("tQ");
   }
   /// _rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict()).
-  Pickle& tensor(const std::string& key, int numel, int offset, std::vector<int> size,
-                 std::vector<int> stride) {
+  Pickle& tensor(const std::string& key, int numel, int offset, const std::vector<int>& size,
+                 const std::vector<int>& stride) {
     op("ctorch._utils\n_rebuild_tensor_v2\n(");
     storage(key, numel).small(offset).op("(");
     for (int s : size) small(s);
@@ -187,7 +187,7 @@ TEST(TorchSavePickle, RefusesAKeySavedTwice) {
 
 TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
   Pickle p;  // l = []; l.append(l); {"l": l}
-  p.op("}").str("l").op("]q\x00h\x00").op("as.");
+  p.op("}").str("l").op(std::string("]q\0h\0", 5)).op("as.");
   expect_malformed(p, "l", "the value is not a tensor");
   Pickle deep;  // a million nested 1-tuples
   deep.op("N");

@@ -299,16 +299,16 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
 
   // Post-order: a node is wrapped after everything under it, so wrapping never moves a path
   // still to be wrapped; the root's own stack goes on last.
-  for (auto it = builder.wraps.begin(); it != builder.wraps.end(); ++it) {
-    for (const auto& kind : it->second) {
-      auto target = module_at(built.root, it->first);
+  for (const auto& [path, kinds] : builder.wraps) {
+    for (const auto& kind : kinds) {
+      auto target = module_at(built.root, path);
       auto wrapper = make_wrapper(kind, target);
-      if (it->first.empty()) {
+      if (path.empty()) {
         built.root = wrapper;
       } else {
-        const auto dot = it->first.rfind('.');
-        const auto parent = dot == std::string::npos ? std::string() : it->first.substr(0, dot);
-        replace_child(*module_at(built.root, parent), it->first.substr(dot + 1), wrapper);
+        const auto dot = path.rfind('.');
+        const auto parent = dot == std::string::npos ? std::string() : path.substr(0, dot);
+        replace_child(*module_at(built.root, parent), path.substr(dot + 1), wrapper);
       }
       auto w = std::dynamic_pointer_cast<WrapperImpl>(wrapper);
       built.wrappers.push_back(w);
