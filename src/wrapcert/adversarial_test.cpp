@@ -240,7 +240,7 @@ TEST(Adversarial, TwoKindsClaimingOneTypeOrOneKindTwiceLeaveTheRegistryAsItWas) 
                          ErrorCode::kDuplicateKind, "module");
 
   auto expected = before;
-  expected.push_back("First");
+  expected.emplace_back("First");
   EXPECT_EQ(r.names(), expected) << "nothing half-registered";
   auto model = std::make_shared<torch::nn::Module>();
   model->register_module("layer", std::make_shared<FirstImpl>(linear()));

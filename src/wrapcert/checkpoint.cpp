@@ -31,7 +31,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
-    auto* module = reinterpret_cast<torch::nn::Module*>(ctx->saved_data["module"].toInt());
+    // saved_data holds IValues, which have no raw pointer: the module's address is an int.
+    auto* module = reinterpret_cast<torch::nn::Module*>(  // NOLINT(performance-no-int-to-ptr)
+        ctx->saved_data["module"].toInt());
     auto input = saved[0].detach().requires_grad_(saved[0].requires_grad());
     torch::Tensor output;
     {

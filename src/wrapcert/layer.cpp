@@ -24,7 +24,7 @@ ForwardTable& table() {
     auto* t = new ForwardTable;  // never destroyed: safe to use from static destructors
 #define WRAPCERT_ADD_FORWARD(Impl)                                                                 \
   t->fns.emplace(std::type_index(typeid(Impl)), [](torch::nn::Module& m, const torch::Tensor& x) { \
-    return dynamic_cast<Impl&>(m).forward(x);                                                      \
+    return dynamic_cast<Impl&>(m).forward(x); /* NOLINT(bugprone-macro-parentheses): a type */     \
   });
     WRAPCERT_FOR_EACH_BUILTIN_MODULE(WRAPCERT_ADD_FORWARD)
     WRAPCERT_ADD_FORWARD(torch::nn::SequentialImpl)

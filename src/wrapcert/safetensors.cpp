@@ -17,7 +17,7 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxHeader = 100u * 1024u * 1024u;  // what Hugging Face's reader accepts
+constexpr uint64_t kMaxHeader = uint64_t{100} * 1024 * 1024;  // what Hugging Face's reader accepts
 
 const std::vector<std::pair<std::string, c10::ScalarType>>& dtypes() {
   static const std::vector<std::pair<std::string, c10::ScalarType>> table = {

@@ -203,10 +203,10 @@ class Reader {
     for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(b[i]);
     return v;
   }
-  void push(Ptr v) { stack_.push_back(std::move(v)); }
+  void push(Ptr v) { stack_.push_back(v); }
   Ptr pop() {
     if (stack_.empty()) fail("", "the pickle pops an empty stack");
-    auto v = std::move(stack_.back());
+    auto* v = stack_.back();
     stack_.pop_back();
     return v;
   }
@@ -224,7 +224,7 @@ class Reader {
     while (true) {
       auto v = pop();
       if (v->kind == Value::Kind::kMark) break;
-      items.push_back(std::move(v));
+      items.push_back(v);
     }
     return {items.rbegin(), items.rend()};
   }

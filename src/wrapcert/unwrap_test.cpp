@@ -217,7 +217,7 @@ TEST(UnwrapDuckTyped, MutatesTheLiveModel) {
   // The wrapped model lost its per-layer wrappers: training on it runs unsharded (hazard 3).
   for (auto& w : wrappers) w->reset_calls();
   (void)call(*wrapped, tokens());
-  int layer_wrapper_calls = 0;
+  std::int64_t layer_wrapper_calls = 0;
   for (auto& w : wrappers) layer_wrapper_calls += w.get() != wrapped.get() ? w->calls() : 0;
   EXPECT_EQ(layer_wrapper_calls, 0);
   EXPECT_EQ(wrappers_in(wrapped).size(), 1u);

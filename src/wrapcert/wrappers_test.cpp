@@ -305,6 +305,7 @@ std::vector<std::vector<torch::Tensor>> run_ranks(int world) {
                                      std::to_string(world),
                                      (dir / ("grads" + std::to_string(rank) + ".pt")).string()};
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = 0;

@@ -2,9 +2,12 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include <utility>
+
 namespace wrapcert::testing {
 
-UserModuleImpl::UserModuleImpl(const std::string& slot_name, int64_t dim) : slot_name_(slot_name) {
+UserModuleImpl::UserModuleImpl(std::string slot_name, int64_t dim)
+    : slot_name_(std::move(slot_name)) {
   register_parameter("scale", torch::ones({dim}));
   register_module(slot_name_, torch::nn::Linear(dim, dim));
   register_module("extra", torch::nn::Linear(dim, dim));

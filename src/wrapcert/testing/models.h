@@ -16,7 +16,7 @@ namespace wrapcert::testing {
 /// user code does (SEMANTICS.md hazard 2).
 class UserModuleImpl : public Layer {
  public:
-  explicit UserModuleImpl(const std::string& slot_name = "module", int64_t dim = 3);
+  explicit UserModuleImpl(std::string slot_name = "module", int64_t dim = 3);
   torch::Tensor forward(const torch::Tensor& x) override;
   std::string python_name() const override { return "UserNorm"; }
 
