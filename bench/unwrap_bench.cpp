@@ -14,6 +14,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/version.h>
 
+#include <malloc.h>
+
 #include <fstream>
 #include <string>
 
@@ -76,6 +78,30 @@ double peak_rss_mb() {
   return 0;
 }
 
+/// Bytes the C++ heap holds now (glibc's count: exact, unlike RSS, which reuse hides).
+double heap_mb() {
+  const auto info = ::mallinfo2();
+  return static_cast<double>(info.uordblks + info.hblkhd) / (1024.0 * 1024.0);
+}
+
+/// `n` modules (rounded to whole blocks): blocks of 999 leaves with one meta parameter each,
+/// every block in a DataParallel, as the adversarial test's million-module tree.
+ModulePtr wide_tree(int64_t n) {
+  constexpr int64_t kWidth = 998;
+  auto root = std::make_shared<torch::nn::Module>();
+  const auto& ddp = wrapcert::Registry::global().at("DataParallel");
+  for (int64_t b = 0; b < std::max<int64_t>(1, n / (kWidth + 2)); ++b) {
+    auto block = std::make_shared<torch::nn::Module>();
+    for (int64_t l = 0; l < kWidth; ++l) {
+      auto leaf = std::make_shared<torch::nn::Module>();
+      leaf->register_parameter("w", torch::empty({1}, torch::TensorOptions().device(c10::kMeta)));
+      block->register_module("l" + std::to_string(l), leaf);
+    }
+    root->register_module("b" + std::to_string(b), ddp.make(block));
+  }
+  return root;
+}
+
 // ---- the floor --------------------------------------------------------------------------
 
 void BM_NamedModulesWalk(benchmark::State& state) {
@@ -120,12 +146,71 @@ void BM_UnwrapReferenceChain(benchmark::State& state) {
   auto m = chain(state.range(0));
   for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_reference(m));
   state.SetComplexityN(state.range(0));
+  wrapcert::release_tree(std::move(m));  // LibTorch's destructors would recurse per level
 }
 
 void BM_UnwrapLegacyChain(benchmark::State& state) {
   auto m = chain(state.range(0));
   for (auto _ : state) benchmark::DoNotOptimize(wrapcert::unwrap_legacy(m));
   state.SetComplexityN(state.range(0));
+  wrapcert::release_tree(std::move(m));
+}
+
+void BM_TranslatorChain(benchmark::State& state) {
+  auto m = chain(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(wrapcert::KeyTranslator::from_tree(m));
+  state.SetComplexityN(state.range(0));
+  wrapcert::release_tree(std::move(m));
+}
+
+// ---- very large trees: time and memory ---------------------------------------------------
+
+/// Building the tree (LibTorch's part: modules, names, meta parameters), with the memory the
+/// tree itself takes.
+void BM_WideTreeBuild(benchmark::State& state) {
+  double tree_mb = 0;
+  for (auto _ : state) {
+    const double before = heap_mb();
+    auto tree = wide_tree(state.range(0));
+    tree_mb = heap_mb() - before;
+    state.PauseTiming();
+    wrapcert::release_tree(std::move(tree));
+    state.ResumeTiming();
+  }
+  state.counters["tree_mb"] = tree_mb;
+  state.counters["bytes_per_module"] = tree_mb * 1024 * 1024 / static_cast<double>(state.range(0));
+  state.SetComplexityN(state.range(0));
+}
+
+/// The reference unwrap of the tree, with the memory its view adds on top of the tree.
+void BM_WideTreeUnwrap(benchmark::State& state) {
+  auto tree = wide_tree(state.range(0));
+  double view_mb = 0;
+  for (auto _ : state) {
+    const double before = heap_mb();
+    auto view = wrapcert::unwrap_reference(tree);
+    view_mb = std::max(view_mb, heap_mb() - before);
+    benchmark::DoNotOptimize(view);
+  }
+  state.counters["view_mb"] = view_mb;
+  state.SetComplexityN(state.range(0));
+  wrapcert::release_tree(std::move(tree));
+}
+
+/// Every key of the tree, wrapped and clean, indexed both ways.
+void BM_WideTreeTranslator(benchmark::State& state) {
+  auto tree = wide_tree(state.range(0));
+  double translator_mb = 0;
+  for (auto _ : state) {
+    const double before = heap_mb();
+    auto tr = wrapcert::KeyTranslator::from_tree(tree);
+    translator_mb = std::max(translator_mb, heap_mb() - before);
+    benchmark::DoNotOptimize(tr);
+  }
+  state.counters["translator_mb"] = translator_mb;
+  state.counters["peak_rss_mb"] = peak_rss_mb();
+  state.SetComplexityN(state.range(0));
+  wrapcert::release_tree(std::move(tree));
 }
 
 // ---- full-size layouts under the seed's recipe -----------------------------------------
@@ -233,8 +318,12 @@ BENCHMARK(BM_NamedParametersKeys)->ArgName("modules")->RangeMultiplier(10)->Rang
 BENCHMARK(BM_UnwrapReference)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Arg(60000)->Complexity(benchmark::oN);
 BENCHMARK(BM_UnwrapLegacy)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Arg(60000)->Complexity(benchmark::oN);
 BENCHMARK(BM_UnwrapDuckTyped)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Arg(60000)->Complexity(benchmark::oN);
-BENCHMARK(BM_UnwrapReferenceChain)->ArgName("depth")->RangeMultiplier(10)->Range(1, 10000)->Complexity(benchmark::oN);
-BENCHMARK(BM_UnwrapLegacyChain)->ArgName("depth")->RangeMultiplier(10)->Range(1, 10000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapReferenceChain)->ArgName("depth")->RangeMultiplier(10)->Range(1, 100000)->Complexity(benchmark::oN);
+BENCHMARK(BM_UnwrapLegacyChain)->ArgName("depth")->RangeMultiplier(10)->Range(1, 100000)->Complexity(benchmark::oN);
+BENCHMARK(BM_TranslatorChain)->ArgName("depth")->RangeMultiplier(10)->Range(10, 100000)->Complexity(benchmark::oN);
+BENCHMARK(BM_WideTreeBuild)->ArgName("modules")->Arg(10000)->Arg(100000)->Arg(1000000)->Unit(benchmark::kMillisecond)->Iterations(1)->Complexity(benchmark::oN);
+BENCHMARK(BM_WideTreeUnwrap)->ArgName("modules")->Arg(10000)->Arg(100000)->Arg(1000000)->Unit(benchmark::kMillisecond)->Complexity(benchmark::oN);
+BENCHMARK(BM_WideTreeTranslator)->ArgName("modules")->Arg(10000)->Arg(100000)->Arg(1000000)->Unit(benchmark::kMillisecond)->Complexity(benchmark::oN);
 BENCHMARK(BM_NamedModulesWalkLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_UnwrapReferenceLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_UnwrapLegacyLayout)->ArgName("layout")->Arg(0)->Arg(1);
