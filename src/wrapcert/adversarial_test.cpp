@@ -4,6 +4,7 @@
 #include <wrapcert/bridge.h>
 #include <wrapcert/properties.h>
 #include <wrapcert/testing/models.h>
+#include <wrapcert/testing/paths.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -249,7 +250,7 @@ TEST(Adversarial, TwoKindsClaimingOneTypeOrOneKindTwiceLeaveTheRegistryAsItWas) 
 }
 
 nlohmann::json golden_dump(const std::string& name) {
-  std::ifstream in(std::string(WRAPCERT_GOLDEN_DIR) + "/torch_tree/" + name + ".json");
+  std::ifstream in(testing::golden_dir() + "/torch_tree/" + name + ".json");
   std::stringstream text;
   text << in.rdbuf();
   return nlohmann::json::parse(text.str());

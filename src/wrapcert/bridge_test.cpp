@@ -1,5 +1,6 @@
 #include <wrapcert/bridge.h>
 #include <wrapcert/error.h>
+#include <wrapcert/testing/paths.h>
 #include <wrapcert/unwrap.h>
 
 #include <nlohmann/json.hpp>
@@ -37,9 +38,9 @@ void expect_seed_verdicts(const std::vector<props::Verdict>& verdicts) {
 // Recorded by tools/tpu_bridge/seed_unwrap.py --emulate with Debian's python3-torch 1.13: real
 // PyTorch state dicts and printout, a stand-in for torch_xla's wrapper class.
 TEST(Bridge, RecordedRunMatchesTheReplica) {
-  expect_seed_verdicts(check_seed_keys(
-      read(std::string(WRAPCERT_GOLDEN_DIR) + "/tpu_bridge_tiny-gemma_emulated.json"),
-      fixtures::tiny_gemma()));
+  expect_seed_verdicts(
+      check_seed_keys(read(testing::golden_dir() + "/tpu_bridge_tiny-gemma_emulated.json"),
+                      fixtures::tiny_gemma()));
 }
 
 TEST(Bridge, MalformedJsonNamesTheField) {
@@ -78,7 +79,7 @@ TEST(Bridge, LiveRunOnThisMachinesPyTorch) {
   }
   const auto out = std::filesystem::temp_directory_path() /
                    ("wrapcert-bridge-" + std::to_string(::getpid()) + ".json");
-  ASSERT_TRUE(run_seed_script(WRAPCERT_BRIDGE_SCRIPT, out.string(), /*emulate=*/true));
+  ASSERT_TRUE(run_seed_script(testing::bridge_script(), out.string(), /*emulate=*/true));
   expect_seed_verdicts(check_seed_keys(read(out.string()), fixtures::tiny_gemma()));
   std::filesystem::remove(out);
 }
@@ -96,7 +97,7 @@ const std::vector<std::string> kTreeCases = {"data_parallel", "ddp", "checkpoint
                                              "data_parallel_over_checkpoint", "user_module"};
 
 std::string recorded_tree(const std::string& name) {
-  return read(std::string(WRAPCERT_GOLDEN_DIR) + "/torch_tree/dump_" + name + ".json");
+  return read(testing::golden_dir() + "/torch_tree/dump_" + name + ".json");
 }
 
 class TreeDump : public ::testing::TestWithParam<std::string> {};
@@ -114,7 +115,7 @@ TEST_P(TreeDump, LivePyTorchTreePassesTheKeyProperties) {
   }
   const auto out = std::filesystem::temp_directory_path() /
                    ("wrapcert-tree-" + std::to_string(::getpid()) + "-" + GetParam() + ".json");
-  const std::string command = "'" + python() + "' '" + WRAPCERT_TREE_DUMP_SCRIPT + "' " +
+  const std::string command = "'" + python() + "' '" + testing::tree_dump_script() + "' " +
                               GetParam() + " --out '" + out.string() + "' > /dev/null 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   for (const auto& v : check_tree_dump(read(out.string()))) {

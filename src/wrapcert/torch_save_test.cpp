@@ -1,6 +1,7 @@
 #include <wrapcert/detail/pickle.h>
 #include <wrapcert/error.h>
 #include <wrapcert/safetensors.h>
+#include <wrapcert/testing/paths.h>
 #include <wrapcert/torch_save.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -17,7 +18,7 @@ namespace {
 // Files written by PyTorch itself (fixtures/golden/torch_save/make_files.py, Debian's
 // python3-torch 1.13), with what they must read back as.
 std::string file(const std::string& name) {
-  return std::string(WRAPCERT_GOLDEN_DIR) + "/torch_save/" + name;
+  return testing::golden_dir() + "/torch_save/" + name;
 }
 
 nlohmann::json expected() {

@@ -4,6 +4,7 @@
 
 #include <wrapcert/bridge.h>
 #include <wrapcert/hardware_gtest.h>
+#include <wrapcert/testing/paths.h>
 
 #include <gtest/gtest.h>
 
@@ -17,7 +18,7 @@ namespace {
 TEST(Tpu, RealSpmdFsdpKeysMatchTheReplica) {
   WRAPCERT_REQUIRE_TPU();
   const auto out = std::filesystem::temp_directory_path() / "wrapcert-tpu-bridge.json";
-  ASSERT_TRUE(run_seed_script(WRAPCERT_BRIDGE_SCRIPT, out.string(), /*emulate=*/false))
+  ASSERT_TRUE(run_seed_script(testing::bridge_script(), out.string(), /*emulate=*/false))
       << "the bridge script failed: is torch_xla installed for " << python() << "?";
   std::ifstream in(out);
   std::ostringstream text;

@@ -2,6 +2,7 @@
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/testing/ddp_batch.h>
 #include <wrapcert/testing/models.h>
+#include <wrapcert/testing/paths.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -301,7 +302,7 @@ std::vector<std::vector<torch::Tensor>> run_ranks(int world) {
   const std::string store = (dir / "store").string();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> args = {WRAPCERT_DDP_WORKER, store, std::to_string(rank),
+    std::vector<std::string> args = {testing::ddp_worker(), store, std::to_string(rank),
                                      std::to_string(world),
                                      (dir / ("grads" + std::to_string(rank) + ".pt")).string()};
     std::vector<char*> argv;

@@ -1,0 +1,18 @@
+#include <wrapcert/testing/paths.h>
+
+namespace wrapcert::testing {
+
+std::string golden_dir() {
+  return WRAPCERT_GOLDEN_DIR;
+}
+std::string bridge_script() {
+  return WRAPCERT_BRIDGE_SCRIPT;
+}
+std::string tree_dump_script() {
+  return WRAPCERT_TREE_DUMP_SCRIPT;
+}
+std::string ddp_worker() {
+  return WRAPCERT_DDP_WORKER;
+}
+
+}  // namespace wrapcert::testing
