@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 export BUILD_DIR=${SANITIZE_BUILD_DIR:-build-asan}
+# Line tables make ccache hash the build folder's absolute path; leave it out so clones share
+# the cache (the debug info then names the folder of the clone that compiled it first).
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 # The `Sanitize` build type is -O1 with line tables: affordable on two cores, readable reports.
 export WRAPCERT_CMAKE_ARGS="-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Sanitize \
   -DWRAPCERT_SANITIZE=address,undefined \
