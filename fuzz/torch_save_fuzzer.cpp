@@ -1,11 +1,10 @@
-// The pickle machine that reads `torch.save`d state dicts, on arbitrary pickles. An input is
-// the pickle, optionally followed by "\0RECORDS\0" and the archive's records as "name size"
-// lines (fuzz/make_corpus.py writes the seeds so); each record holds `size` bytes of 0x5a.
+// The pickle machine that reads `torch.save`d checkpoints, on arbitrary pickles, with the
+// nested-entry lookup. An input is the pickle, optionally followed by "\0RECORDS\0" and lines
+// (fuzz/make_corpus.py writes the seeds so); an "entry NAME" line names the entry to look up.
 #include "fuzz_support.h"
 
 #include <wrapcert/detail/pickle.h>
 
-#include <c10/core/CPUAllocator.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -25,28 +24,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static constexpr std::string_view kMarker{"\0RECORDS\0", 9};
   const auto marker = input.rfind(kMarker);
   const auto pickle = input.substr(0, marker);
-  std::map<std::string, size_t> sizes;
+  // After the marker, an optional "entry NAME" line: the nested entry to look up.
+  std::string entry;
   if (marker != std::string_view::npos) {
     std::istringstream table(std::string(input.substr(marker + kMarker.size())));
-    std::string name;
-    size_t bytes = 0;
-    while (table >> name >> bytes) sizes[name] = std::min<size_t>(bytes, 1 << 20);
+    std::string word;
+    while (table >> word) {
+      if (word == "entry") table >> entry;
+    }
   }
-  const wrapcert::detail::RecordSource records =
-      [&sizes](const std::string& name) -> std::optional<std::pair<at::DataPtr, size_t>> {
-    const auto it = sizes.find(name);
-    if (it == sizes.end()) return std::nullopt;
-    auto bytes = c10::GetCPUAllocator()->allocate(it->second);
-    if (it->second) std::memset(bytes.get(), 0x5a, it->second);
-    return std::make_pair(std::move(bytes), it->second);
-  };
   try {
-    const auto state =
-        wrapcert::detail::read_state_dict_pickle(pickle.data(), pickle.size(), records, "<fuzz>");
-    for (const auto& entry : state) {
-      // Every element of every tensor must be readable: views stay inside their storage.
-      const auto& t = entry.value();
-      if (t.numel() > 0) (void)t.contiguous().sum().item<double>();
+    const auto pickled =
+        wrapcert::detail::read_state_dict_pickle(pickle.data(), pickle.size(), "<fuzz>", entry);
+    // Every element of every tensor must lie in its storage: materialise small storages and
+    // read each view whole.
+    size_t i = 0;
+    for (const auto& item : pickled.state) {
+      const auto& storage = pickled.storages.at(pickled.storage_of.at(i++));
+      const auto& meta = item.value();
+      if (storage.numel > (1 << 20)) continue;
+      auto data = torch::zeros({storage.numel}, torch::TensorOptions().dtype(storage.dtype));
+      auto view = data.as_strided(meta.sizes(), meta.strides(), meta.storage_offset());
+      if (view.numel() > 0) (void)view.contiguous().to(torch::kDouble).sum().item<double>();
     }
   } catch (const Error& e) {
     fuzz::check_error(e);

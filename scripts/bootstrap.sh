@@ -14,6 +14,7 @@ packages=(
   libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev
+  libzip-dev zipcmp zipmerge ziptool  # libzip's CMake package names its three tools
   clang libclang-rt-14-dev clang-tidy
 )
 

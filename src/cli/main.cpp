@@ -2,6 +2,7 @@
 
 #include <wrapcert/certify.h>
 #include <wrapcert/check_keys.h>
+#include <wrapcert/checkpoint_file.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/demo.h>
 #include <wrapcert/hardware.h>
@@ -10,11 +11,65 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 namespace {
+
+/// Exit codes (also in `--help` and the README).
+constexpr int kExitFound = 1;   // fixable checkpoint, wrapper components found, failed check
+constexpr int kExitBroken = 2;  // broken checkpoint; damaged or refused input
+constexpr int kExitUsage = 64;  // the command line itself is wrong (sysexits' EX_USAGE)
+
+/// Memory the kernel says a new allocation can have, in bytes (0 when unknown).
+uint64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> name >> kib >> unit) {
+    if (name == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string gigabytes(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GB", static_cast<double>(bytes) / 1e9);
+  return text;
+}
+
+/// Refuses to build weights that cannot fit in memory, naming the estimate; says what a long
+/// build is doing before it starts.
+void check_fits(const std::string& what, uint64_t bytes) {
+  const uint64_t available = available_memory();
+  if (available && bytes > available) {
+    throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, "",
+                          what + " needs about " + gigabytes(bytes) +
+                              " for its weights; this machine has " + gigabytes(available) +
+                              " available");
+  }
+  if (bytes > (uint64_t{1} << 28)) {
+    std::cerr << "wrapcert: building " << what << " (about " << gigabytes(bytes)
+              << " of weights)..." << std::endl;
+  }
+}
+
+/// Bytes of the distinct tensors of a model built on the meta device.
+uint64_t weight_bytes(const wrapcert::ModulePtr& model) {
+  uint64_t total = 0;
+  for (const auto& info : wrapcert::key_infos(wrapcert::state_dict(model))) {
+    if (!info.tied_to.empty()) continue;
+    uint64_t n = c10::elementSize(info.dtype);
+    for (auto d : info.shape) n *= static_cast<uint64_t>(d);
+    total += n;
+  }
+  return total;
+}
 
 struct DemoOptions {
   int64_t layers = 2;
@@ -34,6 +89,15 @@ wrapcert::ModulePtr wrapped_demo(const DemoOptions& o) {
 }
 
 int run_demo(const DemoOptions& o) {
+  const wrapcert::fixtures::DemoConfig config;
+  const auto h = static_cast<uint64_t>(o.hidden);
+  const auto inter = static_cast<uint64_t>(config.intermediate);
+  const uint64_t params = static_cast<uint64_t>(o.layers) * (4 * h * h + 3 * h * inter + 2 * h) +
+                          static_cast<uint64_t>(config.vocab) * h + h;
+  // Each subject gets a fresh copy, built one after another.
+  check_fits("the demo model (" + std::to_string(o.layers) + " layers, hidden " +
+                 std::to_string(o.hidden) + ")",
+             params * sizeof(float) * 2);
   wrapcert::PrintOptions print;
   print.style = o.libtorch_style ? wrapcert::PrintStyle::kLibTorch : wrapcert::PrintStyle::kPython;
   print.compress_repeated = !o.no_compress;
@@ -87,7 +151,21 @@ wrapcert::ModulePtr build_fixture(const wrapcert::fixtures::CausalLMConfig& conf
 
 int run_fixture(const FixtureOptions& o) {
   const auto config = wrapcert::fixtures::config_named(o.name);
+  if (!o.save.empty() && o.device == "meta") {
+    throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, "",
+                          "--save writes the weights, which a model on the meta device does not "
+                          "have: add --device cpu");
+  }
+  if (!o.save.empty()) wrapcert::check_destination(o.save, {}, /*in_place=*/false);
+  const auto start = std::chrono::steady_clock::now();
+  if (o.device != "meta") {
+    check_fits(config.name + " on " + o.device, weight_bytes(build_fixture(config, "meta")));
+  }
   auto model = build_fixture(config, o.device);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (seconds > 2)
+    std::cerr << "wrapcert: built in " << static_cast<int>(seconds) << " s" << std::endl;
   if (o.wrapped) model = wrapcert::fixtures::apply_seed_recipe(model, config);
   if (!o.save.empty()) {
     wrapcert::save_safetensors(o.save, wrapcert::state_dict(model), {{"format", "pt"}});
@@ -101,60 +179,104 @@ int run_fixture(const FixtureOptions& o) {
   return 0;
 }
 
-struct CheckKeysOptions {
+struct CheckKeysCli {
   std::string file;
   std::string fixture;
   std::string against;
   std::string listing;
   std::string fix;
+  bool fix_given = false;
+  bool in_place = false;
+  std::string entry;
 };
 
-/// 0 clean, 1 fixable (with --fix: fixed), 2 broken.
-int run_check_keys(const CheckKeysOptions& o) {
-  std::vector<wrapcert::KeyInfo> expected;
-  if (!o.fixture.empty()) {
-    const auto config = wrapcert::fixtures::config_named(o.fixture);
-    expected = wrapcert::key_infos(wrapcert::state_dict(
-        wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype})));
-  } else if (!o.against.empty()) {
-    expected = wrapcert::checkpoint_key_infos(o.against);
+void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c) {
+  std::cout << "checkpoint: " << path << " (" << c.format;
+  if (!c.entry.empty()) std::cout << ", state dict in entry '" << c.entry << "'";
+  if (c.sharded()) {
+    std::cout << ", " << c.shards.size() << " shards" << (c.index.empty() ? "" : " by its index");
+  }
+  std::cout << ", " << c.state.size() << " keys)\n";
+  if (!c.other_entries.empty()) {
+    std::cout << "other entries, not checked:";
+    for (const auto& e : c.other_entries) std::cout << " " << e;
+    std::cout << "\n";
+  }
+}
+
+/// 0 clean, 1 fixable (with --fix: fixed) or wrapper components found, 2 broken.
+int run_check_keys(const CheckKeysCli& o) {
+  const bool scan = o.fixture.empty() && o.against.empty() && o.listing.empty();
+  const bool fixing = o.fix_given || o.in_place;
+  if (fixing && scan) {
+    throw CLI::ValidationError("--fix", "needs a reference: --fixture, --against or --keys");
+  }
+  if (o.in_place && o.fix_given && o.fix != o.file) {
+    throw CLI::ValidationError("--in-place", "writes over the checked file; drop --fix or name it");
+  }
+  const std::string destination = o.in_place ? o.file : o.fix;
+  // The destination is checked before anything is read.
+  if (fixing && !(!destination.empty() &&
+                  (destination.back() == '/' || std::filesystem::is_directory(destination)))) {
+    wrapcert::check_destination(destination, {o.file}, o.in_place);
+  }
+  const auto listing = wrapcert::read_checkpoint(o.file, {/*data=*/false, o.entry});
+  describe_checkpoint(o.file, listing);
+  const auto found = wrapcert::key_infos(listing.state);
+
+  wrapcert::KeyReport report;
+  if (scan) {
+    report = wrapcert::scan_keys(found);
   } else {
-    std::ifstream in(o.listing);
-    if (!in) {
-      throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, o.listing,
-                            "cannot read the key listing");
-    }
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty()) expected.push_back({line.substr(0, line.find(' ')), {}, c10::kFloat});
-    }
-  }
-  auto found = wrapcert::checkpoint_key_infos(o.file);
-  if (!o.listing.empty()) {  // a listing has keys only
-    for (auto& f : found) {
-      for (auto& e : expected) {
-        if (e.key == f.key) e = f;
+    std::vector<wrapcert::KeyInfo> expected;
+    wrapcert::CheckKeysOptions options;
+    if (!o.fixture.empty()) {
+      const auto config = wrapcert::fixtures::config_named(o.fixture);
+      expected = wrapcert::key_infos(wrapcert::state_dict(
+          wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype})));
+    } else if (!o.against.empty()) {
+      expected =
+          wrapcert::key_infos(wrapcert::read_checkpoint(o.against, {/*data=*/false, ""}).state);
+    } else {
+      std::ifstream in(o.listing);
+      if (!in) {
+        throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, o.listing,
+                              "cannot read the key listing '" + o.listing + "'");
       }
+      for (std::string line; std::getline(in, line);) {
+        const auto key = line.substr(0, line.find_first_of(" \t"));
+        if (!key.empty()) expected.push_back({key, {}, c10::kFloat, ""});
+      }
+      options.compare_shapes = false;  // a listing has names only
+    }
+    report = wrapcert::check_keys(found, expected, wrapcert::Registry::global(), options);
+  }
+  std::vector<std::string> outputs;
+  if (fixing && report.status == wrapcert::KeyStatus::kFixable) {
+    outputs = wrapcert::planned_files(destination, listing);
+    for (const auto& out : outputs) {
+      wrapcert::check_destination(out, listing.files(), o.in_place);
     }
   }
-  auto report = wrapcert::check_keys(found, expected);
-  if (!o.listing.empty()) report.mismatched.clear();
   std::cout << wrapcert::to_text(report);
-  if (report.status == wrapcert::KeyStatus::kFixable && !o.fix.empty()) {
-    const auto state = wrapcert::load_checkpoint(o.file);
-    wrapcert::StateDict fixed;
-    for (const auto& item : state) {
-      std::string key = item.key();
-      for (const auto& [from, to] : report.translation) {
-        if (from == key) key = to;
-      }
-      fixed.insert(key, item.value());
+  if (!outputs.empty()) {
+    const auto full = wrapcert::read_checkpoint(o.file, {/*data=*/true, o.entry});
+    wrapcert::write_checkpoint(destination, wrapcert::rename_keys(full, report.translation));
+    for (const auto& out : outputs) std::cout << "wrote " << out << "\n";
+    if (!full.other_entries.empty()) {
+      std::cout << "the fixed file holds the state dict alone, not the entries beside it\n";
     }
-    wrapcert::save_safetensors(o.fix, fixed, {{"format", "pt"}});
-    std::cout << "wrote " << o.fix << "\n";
   }
-  return report.status == wrapcert::KeyStatus::kClean     ? 0
-         : report.status == wrapcert::KeyStatus::kFixable ? 1
-                                                          : 2;
+  switch (report.status) {
+    case wrapcert::KeyStatus::kClean:
+      return 0;
+    case wrapcert::KeyStatus::kFixable:
+    case wrapcert::KeyStatus::kLeftover:
+      return kExitFound;
+    case wrapcert::KeyStatus::kBroken:
+      return kExitBroken;
+  }
+  return kExitBroken;
 }
 
 /// The seed thread, replicated: gemma-2b full size on meta, FSDPv2 on the root and every layer.
@@ -266,23 +388,34 @@ int main(int argc, char** argv) {
   fixture_cmd->add_option("--save", fixture.save, "write its state dict as safetensors");
   fixture_cmd->callback([&] { std::exit(run_fixture(fixture)); });
 
-  CheckKeysOptions check;
+  CheckKeysCli check;
   auto* check_cmd = app.add_subcommand(
       "check-keys",
-      "Compare a checkpoint's keys with a model's; exit 0 clean, 1 fixable, 2 broken");
-  check_cmd->add_option("file", check.file, "a checkpoint: safetensors or torch.save")->required();
+      "Compare a checkpoint's keys with a model's, or scan them for wrapper components; exit 0 "
+      "clean, 1 fixable or components found, 2 broken");
+  check_cmd
+      ->add_option("file", check.file,
+                   "a checkpoint: safetensors or torch.save (zip or legacy, plain or nested), "
+                   "an index (*.index.json) or a folder of shards")
+      ->required();
   auto* against_fixture = check_cmd->add_option("--fixture", check.fixture, "a fixture's keys")
                               ->check(CLI::IsMember(fixture_names));
   auto* against_file = check_cmd->add_option("--against", check.against, "another checkpoint");
-  auto* against_listing = check_cmd->add_option("--keys", check.listing, "a key listing file");
+  auto* against_listing =
+      check_cmd->add_option("--keys", check.listing, "a key listing file (one key per line)");
   against_fixture->excludes(against_file)->excludes(against_listing);
   against_file->excludes(against_listing);
-  check_cmd->add_option("--fix", check.fix,
-                        "write the translated checkpoint here as safetensors (atomically)");
+  check_cmd->add_option("--entry", check.entry,
+                        "where a nested torch.save checkpoint keeps the state dict (a.b); "
+                        "default: state_dict, model, module or model_state_dict");
+  auto* fix_opt = check_cmd->add_option(
+      "--fix", check.fix,
+      "write the translated checkpoint here, atomically: *.safetensors, or *.pt/*.pth/*.bin/*.ckpt "
+      "for torch.save; a sharded one to an *.index.json or a folder");
+  check_cmd->add_flag("--in-place", check.in_place,
+                      "write the translated checkpoint over the checked one (atomically)");
   check_cmd->callback([&] {
-    if (check.fixture.empty() && check.against.empty() && check.listing.empty()) {
-      throw CLI::RequiredError("--fixture, --against or --keys");
-    }
+    check.fix_given = fix_opt->count() > 0;
     std::exit(run_check_keys(check));
   });
 
@@ -324,15 +457,34 @@ int main(int argc, char** argv) {
     std::exit(0);
   });
 
+  app.set_version_flag("--version", std::string("wrapcert ") + WRAPCERT_VERSION);
+  app.footer(
+      "Exit codes: 0 clean or passed; 1 fixable, wrapper components found, or certification "
+      "failed; 2 broken checkpoint, damaged or refused input; 64 usage error.");
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      std::cerr << "wrapcert: unknown command '" << argv[1] << "' (commands: " << list << ")\n";
+      return kExitUsage;
+    }
+  }
   try {
-    CLI11_PARSE(app, argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
   } catch (const wrapcert::Error& e) {
     std::cerr << e.what() << "\n";
-    return 2;
+    return kExitBroken;
   } catch (const std::exception& e) {
     const std::string what = e.what();
     std::cerr << "wrapcert: " << what.substr(0, what.find('\n')) << "\n";
-    return 2;
+    return kExitBroken;
   }
   return 0;
 }

@@ -48,6 +48,25 @@ std::string temporary_name(const std::string& path) {
          std::to_string(rng() % 1000000007u);
 }
 
+/// Only a regular file may be replaced: a device, FIFO, socket, folder or symbolic link at the
+/// destination stays as it is (as root, a rename would replace `/dev/null` itself).
+void refuse_special(const Folder& folder, const std::string& path) {
+  struct stat st {};
+  const auto name = fs::path(path).filename().string();
+  if (::fstatat(folder.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "a special file";
+    throw Error(ErrorCode::kInvalidArgument, path,
+                "cannot write '" + path + "': it is " + what +
+                    ", not a regular file; wrapcert writes only regular files and new paths");
+  }
+}
+
 mode_t mode_for(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return st.st_mode & 07777;
@@ -64,6 +83,7 @@ void write_file_atomically(const std::string& path,
     throw Error(ErrorCode::kInvalidArgument, path, "cannot write '" + path + "': not a file name");
   }
   const Folder folder(path);
+  refuse_special(folder, path);
   // An unnamed file vanishes with the process if the run is killed before it is linked; where
   // the file system has no O_TMPFILE, a named temporary file stands in.
   std::string named;
@@ -97,6 +117,7 @@ void write_file_atomically(const std::string& path,
       }
     }  // closes fd
     const auto target = fs::path(path).filename().string();
+    refuse_special(folder, path);
     if (::renameat(folder.fd(), named.c_str(), folder.fd(), target.c_str()) != 0) {
       fail(path, "cannot move the new file into place", errno);
     }

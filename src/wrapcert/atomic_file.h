@@ -7,7 +7,9 @@
 ///   wrapcert::write_file_atomically("report.json", text);
 ///   wrapcert::write_file_atomically("model.safetensors", [&](std::ostream& out) { ... });
 ///
-/// A file that existed keeps its permission bits; a new one gets 0666 less the umask.
+/// A file that existed keeps its permission bits; a new one gets 0666 less the umask. Only a
+/// regular file or a new path is written: a device, FIFO, socket, folder or symbolic link at the
+/// destination is an `Error` (kInvalidArgument) and is left as it is.
 
 #include <functional>
 #include <iosfwd>

@@ -2,11 +2,13 @@
 /// What a training pipeline runs after saving a checkpoint: compare its keys with what the model
 /// expects, find leftover wrapper components, and the translation that would fix them.
 ///
-///   auto found = wrapcert::key_infos(wrapcert::read_safetensors_header("ckpt.safetensors"));
+///   auto found = wrapcert::key_infos(wrapcert::read_checkpoint("ckpt/", {false}).state);
 ///   auto report = wrapcert::check_keys(found, wrapcert::key_infos(state_dict(model)));
 ///   if (report.status == wrapcert::KeyStatus::kFixable) ... report.translation ...
+///   auto scan = wrapcert::scan_keys(found);   // no reference: wrapper components only
 
-#include <wrapcert/safetensors.h>
+#include <wrapcert/registry.h>
+#include <wrapcert/view.h>
 
 #include <string>
 #include <utility>
@@ -18,33 +20,52 @@ struct KeyInfo {
   std::string key;
   std::vector<int64_t> shape;
   c10::ScalarType dtype;
+  /// The first key saved with the very same data (a tie), or "".
+  std::string tied_to;
 };
 
-std::vector<KeyInfo> key_infos(const SafetensorsHeader& header, const std::string& path = "");
-/// A checkpoint file's keys, by its content: a `torch.save` zip archive or safetensors.
-std::vector<KeyInfo> checkpoint_key_infos(const std::string& path);
-/// A checkpoint file's tensors, by its content, as `checkpoint_key_infos`.
-StateDict load_checkpoint(const std::string& path);
+/// Keys, shapes, dtypes and ties (by storage, offset, shape and strides) of a state dict; the
+/// tensors may be on the meta device.
 std::vector<KeyInfo> key_infos(const StateDict& state);
 
-enum class KeyStatus { kClean, kFixable, kBroken };
+enum class KeyStatus {
+  kClean,     ///< every key as expected (a scan: no wrapper component)
+  kFixable,   ///< a one-to-one translation gives the expected keys
+  kBroken,    ///< keys missing, unexpected or mismatched
+  kLeftover,  ///< a scan without a reference found wrapper components
+};
 const char* to_string(KeyStatus status);
 
 struct KeyReport {
   KeyStatus status = KeyStatus::kClean;
-  /// Keys that carry a registered wrapper's slot as a whole component, with its position.
-  std::vector<std::pair<std::string, std::string>> leftover;     // key, "component N: slot"
+  /// Wrapper components in found keys, as "component N: slot": with a reference, the
+  /// components the translation removes (and, in keys that match nothing, every slot name the
+  /// scan would report); in a scan, every component that only a wrapper puts there.
+  std::vector<std::pair<std::string, std::string>> leftover;
   std::vector<std::pair<std::string, std::string>> translation;  // found key -> expected key
   std::vector<std::string> missing;     ///< expected, not found even after translation
   std::vector<std::string> unexpected;  ///< found, matching nothing
   std::vector<std::string> mismatched;  ///< "key: found [..] dtype, expected [..] dtype"
+  std::vector<std::pair<std::string, std::string>> ties;  ///< found key -> key it is tied to
+};
+
+struct CheckKeysOptions {
+  /// Compare shapes and dtypes too; a key listing has names only.
+  bool compare_shapes = true;
 };
 
 /// Matches `found` to `expected`: a found key that is not expected is translated by removing
 /// whole components that are registered slot names, when exactly one such removal gives an
 /// expected key no other found key has.
 KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInfo>& expected,
-                     const Registry& registry = Registry::global());
+                     const Registry& registry = Registry::global(),
+                     const CheckKeysOptions& options = {});
+
+/// Without a reference: every whole component of a found key that is a registered slot name.
+/// A slot name a user may also give a child (`module`, no leading underscore) counts only as
+/// the first component, where DataParallel, DistributedDataParallel and DeepSpeed put it.
+KeyReport scan_keys(const std::vector<KeyInfo>& found,
+                    const Registry& registry = Registry::global());
 
 std::string to_text(const KeyReport& report);
 

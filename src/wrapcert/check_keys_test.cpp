@@ -13,7 +13,7 @@ using ::testing::ElementsAre;
 using ::testing::Pair;
 
 KeyInfo info(const std::string& key, std::vector<int64_t> shape = {2}) {
-  return {key, std::move(shape), c10::kFloat};
+  return {key, std::move(shape), c10::kFloat, ""};
 }
 
 TEST(CheckKeys, FindsTheTranslationForTheSeedsCheckpoint) {

@@ -1,4 +1,7 @@
 #include <wrapcert/atomic_file.h>
+#include <wrapcert/detail/input_file.h>
+#include <wrapcert/detail/saved_identity.h>
+#include <wrapcert/detail/strict_json.h>
 #include <wrapcert/error.h>
 #include <wrapcert/safetensors.h>
 
@@ -7,8 +10,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <limits>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -34,32 +37,30 @@ Error damaged(const std::string& path, const std::string& key, const std::string
 }  // namespace
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw damaged(path, "", "cannot open the file");
+  const detail::InputFile in(path);
   SafetensorsHeader header;
-  header.file_size = static_cast<uint64_t>(in.tellg());
+  header.file_size = in.size();
   if (header.file_size < 8) throw damaged(path, "", "shorter than the 8-byte header length");
-  in.seekg(0);
   unsigned char length_bytes[8];
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  in.read_at(0, length_bytes, 8);
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
-  if (length > kMaxHeader || length > header.file_size - 8) {
+  if (length > kMaxHeader) {
+    throw damaged(path, "",
+                  "header length " + std::to_string(length) + " exceeds the limit of " +
+                      std::to_string(kMaxHeader) + " bytes");
+  }
+  if (length > header.file_size - 8) {
     throw damaged(path, "",
                   "header length " + std::to_string(length) + " exceeds the file (" +
                       std::to_string(header.file_size) + " bytes)");
   }
   std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
+  in.read_at(8, text.data(), length);
   header.data_offset = 8 + length;
   const uint64_t data_size = header.file_size - header.data_offset;
 
-  ordered_json j;
-  try {
-    j = ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw damaged(path, "", std::string("the header is not JSON: ") + e.what());
-  }
+  const auto j = detail::parse_json_strictly(text, path, "the header");
   if (!j.is_object()) throw damaged(path, "", "the header is not a JSON object");
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [key, value] : j.items()) {
@@ -122,12 +123,28 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   std::vector<size_t> order(header.tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-  for (size_t i = 1; i < order.size(); ++i) {
-    const auto& prev = header.tensors[order[i - 1]];
-    const auto& cur = header.tensors[order[i]];
-    if (cur.begin < prev.end && cur.begin != cur.end) {
-      throw damaged(path, cur.key, "its data overlaps '" + prev.key + "'");
+  // As the safetensors library requires: the tensors tile the data section, no overlap, no
+  // gap, nothing after the last one.
+  uint64_t end = 0;
+  const SafetensorsEntry* before = nullptr;
+  for (size_t i : order) {
+    const auto& cur = header.tensors[i];
+    if (cur.begin < end && cur.begin != cur.end) {
+      throw damaged(path, cur.key, "its data overlaps '" + before->key + "'");
     }
+    if (cur.begin > end) {
+      throw damaged(path, cur.key,
+                    std::to_string(cur.begin - end) + " bytes before its data belong to no tensor");
+    }
+    if (cur.end > end) {
+      end = cur.end;
+      before = &cur;
+    }
+  }
+  if (end != data_size) {
+    throw damaged(path, "",
+                  std::to_string(data_size - end) +
+                      " bytes follow the last tensor's data and belong to no tensor");
   }
   return header;
 }
@@ -140,8 +157,8 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
     for (const auto& e : header.tensors) out.emplace_back(e.key, e.key);
     return out;
   }
-  std::unordered_map<std::string, bool> stored;
-  for (const auto& e : header.tensors) stored.emplace(e.key, true);
+  std::unordered_set<std::string> stored;
+  for (const auto& e : header.tensors) stored.insert(e.key);
   const auto aliases = header.metadata.find("wrapcert.aliases");
   std::unordered_set<std::string> seen;
   try {
@@ -158,23 +175,45 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
   } catch (const nlohmann::json::exception& e) {
     throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
   }
+  // The listing may not hide a stored tensor: each is saved under some key.
+  std::unordered_set<std::string> reached;
+  for (const auto& [key, target] : out) reached.insert(target);
+  for (const auto& e : header.tensors) {
+    if (!reached.count(e.key)) {
+      throw damaged(path, e.key, "stored in the file but missing from wrapcert.order");
+    }
+  }
   return out;
 }
 
-StateDict load_safetensors(const std::string& path) {
+namespace {
+
+StateDict read_safetensors(const std::string& path, bool data) {
   const auto header = read_safetensors_header(path);
-  std::ifstream in(path, std::ios::binary);
+  const auto saved = saved_keys(header, path);
+  std::unique_ptr<detail::InputFile> in;
+  if (data) in = std::make_unique<detail::InputFile>(path);
   std::unordered_map<std::string, torch::Tensor> stored;
   for (const auto& e : header.tensors) {
-    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-    in.seekg(static_cast<std::streamoff>(header.data_offset + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) throw damaged(path, e.key, "the data section ends early");
+    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype).device(
+                                       data ? c10::Device(c10::kCPU) : c10::Device(c10::kMeta)));
+    if (data && e.end > e.begin)
+      in->read_at(header.data_offset + e.begin, t.data_ptr(), e.end - e.begin);
     stored.emplace(e.key, t);
   }
   StateDict state;
-  for (const auto& [key, target] : saved_keys(header, path)) state.insert(key, stored.at(target));
+  for (const auto& [key, target] : saved) state.insert(key, stored.at(target));
   return state;
+}
+
+}  // namespace
+
+StateDict load_safetensors(const std::string& path) {
+  return read_safetensors(path, true);
+}
+
+StateDict list_safetensors(const std::string& path) {
+  return read_safetensors(path, false);
 }
 
 void save_safetensors(const std::string& path, const StateDict& state,
@@ -182,18 +221,18 @@ void save_safetensors(const std::string& path, const StateDict& state,
   ordered_json header = ordered_json::object();
   nlohmann::json order = nlohmann::json::array();
   nlohmann::json aliases = nlohmann::json::object();
-  std::unordered_map<const void*, std::string> first_key;
+  std::map<detail::SavedIdentity, std::string> first_key;
   std::vector<torch::Tensor> blobs;
   uint64_t offset = 0;
   ordered_json entries = ordered_json::object();
   for (const auto& item : state) {
     order.push_back(item.key());
-    const auto* impl = item.value().unsafeGetTensorImpl();
-    if (auto it = first_key.find(impl); it != first_key.end()) {
+    auto identity = detail::saved_identity(item.value());
+    if (auto it = first_key.find(identity); it != first_key.end()) {
       aliases[item.key()] = it->second;  // a tied weight: stored once
       continue;
     }
-    first_key.emplace(impl, item.key());
+    first_key.emplace(std::move(identity), item.key());
     if (item.value().is_meta()) {
       throw Error(ErrorCode::kInvalidArgument, item.key(),
                   "a tensor on the meta device has no data to save");

@@ -33,23 +33,30 @@ struct SafetensorsHeader {
   uint64_t file_size = 0;
 };
 
-/// Reads and validates the header: length within the file, JSON that parses, known dtypes,
-/// non-negative shapes, offsets inside the data section matching each tensor's size, no two
-/// tensors overlapping, no duplicate keys.
+/// Reads and validates the header: a regular file (a FIFO, device or directory is refused before
+/// any read), length within the file and the 100 MiB limit, JSON that parses and names no key
+/// twice, known dtypes, non-negative shapes, offsets matching each tensor's size, and tensors
+/// that tile the data section: no overlap, no gap, no bytes after the last one.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
 /// Every key the file was saved with, in order, paired with the key its data is stored under
 /// (itself, or the tensor it is an alias of). Without wrapcert's metadata: the stored keys in
-/// header order. Throws `Error` (kMalformedInput) for damaged alias metadata.
+/// header order. Throws `Error` (kMalformedInput) for damaged alias metadata, or metadata that
+/// leaves a stored tensor without a key.
 std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHeader& header,
                                                             const std::string& path = "");
 
 /// Every tensor, on the CPU. Keys saved as aliases of another (tied weights written once) come
 /// back as the same tensor, in the order they were saved.
 StateDict load_safetensors(const std::string& path);
+/// As `load_safetensors`, with every tensor on the meta device: reads the header alone.
+StateDict list_safetensors(const std::string& path);
 
-/// Writes `state` the way Hugging Face does: a tensor shared by several keys (a tied weight) is
-/// stored once, under its first key; the others are recorded as aliases in `__metadata__`.
+/// Writes `state` the way Hugging Face does: a tensor shared by several keys (a tied weight: one
+/// storage at the same offset with the same shape, strides and dtype, as `torch.save` keeps it)
+/// is stored once, under its first key; the others are recorded as aliases in `__metadata__`,
+/// so `load_safetensors` gives them back as one tensor. Other views are stored as contiguous
+/// copies of their values.
 /// Written through a temporary file and a rename, so a reader never sees half a file.
 void save_safetensors(const std::string& path, const StateDict& state,
                       const std::map<std::string, std::string>& metadata = {});

@@ -1,21 +1,47 @@
 #pragma once
-/// Reading the state dicts people save with `torch.save(model.state_dict())`: the zip archive
-/// (through LibTorch's own `PyTorchStreamReader`) and the subset of the pickle protocol that
-/// state dicts use, including the `OrderedDict` with `_metadata` that LibTorch 1.13's
-/// `torch::pickle_load` rejects.
+/// Reading and writing what people save with `torch.save`: the zip archive PyTorch writes since
+/// 1.6 and the legacy format before it (`_use_new_zipfile_serialization=False`), a plain state
+/// dict or one nested in a trainer's checkpoint (`{"model": ..., "optimizer": ..., "epoch": 3}`).
 ///
-///   auto state = wrapcert::load_torch_save("model.pt");   // key -> tensor, in saved order
+///   auto file = wrapcert::read_torch_save("trainer.pt");          // finds "model"
+///   auto keys_only = wrapcert::read_torch_save("big.pt", {/*data=*/false});  // on meta
+///   wrapcert::save_torch_save("clean.pt", file.state);            // torch.load reads it
 
 #include <wrapcert/view.h>
 
 #include <string>
+#include <vector>
 
 namespace wrapcert {
 
-/// Every tensor of a saved state dict (or plain dict of tensors), on the CPU, in saved order.
-/// Tensors that shared a storage in Python share it here. Throws `Error` (kMalformedInput)
-/// naming the file, and the key where there is one, for a damaged archive, an unsupported
-/// pickle construct, or a value that is not a tensor.
+struct TorchSaveOptions {
+  /// Read tensor data; false gives every tensor on the meta device (keys, shapes, dtypes,
+  /// strides, offsets and ties) and reads nothing but the pickle and the archive's directory.
+  bool data = true;
+  /// Where a nested checkpoint keeps its state dict ("model", "a.b"); empty: the root when it
+  /// is a dict of tensors, else the first of `state_dict`, `model`, `module`,
+  /// `model_state_dict` that is one.
+  std::string entry;
+};
+
+struct TorchSaveFile {
+  StateDict state;     ///< in saved order; tensors that shared a storage in Python share it here
+  std::string format;  ///< "torch.save zip" or "torch.save legacy"
+  std::string entry;   ///< the nested entry used, "" for the root
+  std::vector<std::string> other_entries;  ///< the root's entries beside it
+};
+
+/// Throws `Error` (kMalformedInput) naming the file, and the key where there is one, for a
+/// damaged archive, a storage whose size does not match, an unknown format, or a chosen entry
+/// that is missing or holds something other than tensors; (kInvalidArgument) for a path that
+/// is not a regular file.
+TorchSaveFile read_torch_save(const std::string& path, const TorchSaveOptions& options = {});
+
+/// Every tensor of a saved state dict, on the CPU, in saved order: `read_torch_save(path).state`.
 StateDict load_torch_save(const std::string& path);
+
+/// Writes `state` as a `torch.save` zip archive that Python's `torch.load` reads as a dict;
+/// entries that share a storage (ties, views) share it in the file. Written atomically.
+void save_torch_save(const std::string& path, const StateDict& state);
 
 }  // namespace wrapcert

@@ -4,7 +4,6 @@
 #include <wrapcert/testing/paths.h>
 #include <wrapcert/torch_save.h>
 
-#include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -128,15 +127,7 @@ struct Pickle {
 };
 
 StateDict run(const Pickle& p) {
-  const detail::RecordSource records =
-      [](const std::string& name) -> std::optional<std::pair<at::DataPtr, size_t>> {
-    if (name == "data/e") return std::make_pair(c10::GetCPUAllocator()->allocate(0), size_t{0});
-    if (name != "data/0") return std::nullopt;
-    auto bytes = c10::GetCPUAllocator()->allocate(16);
-    std::memset(bytes.get(), 0, 16);
-    return std::make_pair(std::move(bytes), size_t{16});  // four floats
-  };
-  return detail::read_state_dict_pickle(p.bytes.data(), p.bytes.size(), records, "test.pkl");
+  return detail::read_state_dict_pickle(p.bytes.data(), p.bytes.size(), "test.pkl").state;
 }
 
 void expect_malformed(const Pickle& p, const std::string& key, const std::string& what) {
@@ -165,9 +156,6 @@ TEST(TorchSavePickle, RefusesViewsOutsideTheirStorage) {
   Pickle empty;  // a view of elements of an empty storage
   empty.op("}").str("w").tensor("e", 0, 0, {1}, {1}).op("s.");
   expect_malformed(empty, "", "reaches past its storage");
-  Pickle wrong_size;
-  wrong_size.op("}").str("w").tensor("0", 5, 0, {5}, {1}).op("s.");
-  expect_malformed(wrong_size, "", "holds 16 bytes, not 5 elements");
   Pickle ranks;  // two sizes, one stride
   ranks.op("}").str("w").tensor("0", 4, 0, {2, 2}, {1}).op("s.");
   expect_malformed(ranks, "", "one length expected");
@@ -175,9 +163,6 @@ TEST(TorchSavePickle, RefusesViewsOutsideTheirStorage) {
   negative.op("}").str("w").tensor("0", 4, 0, {2}, {}).op("s.");
   negative.bytes.replace(negative.bytes.find("t(t"), 3, std::string("t(J\xff\xff\xff\xfft", 8));
   expect_malformed(negative, "", "a stride that is not a non-negative integer");
-  Pickle lacking;
-  lacking.op("}").str("w").tensor("7", 4, 0, {4}, {1}).op("s.");
-  expect_malformed(lacking, "", "lacks storage data/7");
 }
 
 TEST(TorchSavePickle, RefusesAKeySavedTwice) {
@@ -189,12 +174,12 @@ TEST(TorchSavePickle, RefusesAKeySavedTwice) {
 TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
   Pickle p;  // l = []; l.append(l); {"l": l}
   p.op("}").str("l").op(std::string("]q\0h\0", 5)).op("as.");
-  expect_malformed(p, "l", "the value is not a tensor");
+  expect_malformed(p, "l", "entry 'l' holds a list");
   Pickle deep;  // a million nested 1-tuples
   deep.op("N");
   for (int i = 0; i < 1000000; ++i) deep.op("\x85");
   deep.op(".");
-  expect_malformed(deep, "", "does not hold a dict");
+  expect_malformed(deep, "", "holds a tuple, not a dict");
 }
 
 }  // namespace

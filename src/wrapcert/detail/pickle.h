@@ -1,26 +1,48 @@
 #pragma once
-/// The pickle machine behind `load_torch_save`, apart from the zip archive, so it can be tested
-/// and fuzzed on its own.
+/// The pickle machine behind `read_torch_save`, apart from the file formats, so it can be tested
+/// and fuzzed on its own. It executes nothing: classes it does not know become opaque values,
+/// which are an error only where a tensor is expected.
 
 #include <wrapcert/view.h>
 
-#include <c10/core/Allocator.h>
-
 #include <cstddef>
-#include <functional>
-#include <optional>
+#include <cstdint>
 #include <string>
-#include <utility>
+#include <vector>
 
 namespace wrapcert::detail {
 
-/// The archive's records by name ("data/0"): bytes and length, or nullopt when there is none.
-using RecordSource =
-    std::function<std::optional<std::pair<at::DataPtr, size_t>>(const std::string& name)>;
+/// A storage that a pickle names: its key in the archive ("0"), its dtype and element count.
+struct PickledStorage {
+  std::string key;
+  c10::ScalarType dtype;
+  int64_t numel = 0;
+};
 
-/// Runs the pickle `data[0, size)` of a `torch.save`d state dict. Throws `Error`
-/// (kMalformedInput) naming `path`, and the key where there is one.
-StateDict read_state_dict_pickle(const char* data, size_t size, const RecordSource& records,
-                                 const std::string& path);
+struct PickledStateDict {
+  /// The state dict with every tensor on the meta device: shapes, strides, storage offsets and
+  /// shared storages as saved, no data.
+  StateDict state;
+  /// For each entry of `state`, in order, its storage's index in `storages`.
+  std::vector<size_t> storage_of;
+  /// Every storage the pickle names (the chosen state dict's and any other's), in order.
+  std::vector<PickledStorage> storages;
+  /// The nested entry that holds the state dict ("model", "a.b"), "" for the root.
+  std::string entry;
+  /// The root's other entries when the state dict is nested ("optimizer", "epoch").
+  std::vector<std::string> other_entries;
+  /// One past the pickle's STOP opcode.
+  size_t end = 0;
+};
+
+/// The entries where trainers keep the state dict, tried in this order when the root is not
+/// itself a dict of tensors.
+const std::vector<std::string>& usual_state_dict_entries();
+
+/// Runs the pickle at `data[0, size)` of a `torch.save`d checkpoint and finds the state dict in
+/// it: at `entry` (dotted) when given, else the root or the first usual entry that is a dict of
+/// tensors. Throws `Error` (kMalformedInput) naming `path`, and the key where there is one.
+PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std::string& path,
+                                        const std::string& entry = "");
 
 }  // namespace wrapcert::detail

@@ -1,0 +1,94 @@
+#pragma once
+/// Checkpoint files as training runs write them: one file (safetensors, or `torch.save` in the
+/// zip or the legacy format, plain or nested in a trainer's dict), an index with its shards
+/// (`model.safetensors.index.json`, `pytorch_model.bin.index.json`) or a folder of shards, read
+/// as one checkpoint with every shard validated; and written back in the same shape.
+///
+///   auto listing = wrapcert::read_checkpoint("run/", {/*data=*/false});  // keys, shapes, ties
+///   auto full = wrapcert::read_checkpoint("trainer.pt");   // finds the "model" entry
+///   wrapcert::write_checkpoint("clean.safetensors", full);
+
+#include <wrapcert/view.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace wrapcert {
+
+struct CheckpointReadOptions {
+  /// Read tensor data; false gives every tensor on the meta device (keys, shapes, dtypes,
+  /// strides and ties) and reads only headers, pickles and archive directories.
+  bool data = true;
+  /// Where a nested `torch.save` checkpoint keeps its state dict ("model", "a.b"); empty: the
+  /// root, or the first of `state_dict`, `model`, `module`, `model_state_dict` that holds one.
+  std::string entry;
+};
+
+struct Checkpoint {
+  struct Shard {
+    std::string file;               ///< the file's path
+    std::vector<std::string> keys;  ///< its keys, in saved order
+  };
+  StateDict state;     ///< every key in order: shard by shard, each in saved order
+  std::string format;  ///< "safetensors", "torch.save zip", "torch.save legacy"
+  std::string entry;   ///< the nested entry that held the state dict, "" the root
+  std::vector<std::string> other_entries;  ///< the trainer's entries beside it
+  std::string index;                       ///< the index file read, "" when there is none
+  std::vector<Shard> shards;               ///< every file read (one for a single file)
+
+  bool sharded() const { return !index.empty() || shards.size() > 1; }
+  /// The files read: the index (if any) and every shard.
+  std::vector<std::string> files() const;
+};
+
+/// Reads `path`: a file (by its content), an index (`*.index.json`, shards in its folder), or a
+/// folder (its one index, else every `*.safetensors`, `*.bin`, `*.pt` or `*.pth` file in name
+/// order). Throws `Error` naming the file, and the key where there is one: kMalformedInput for a
+/// damaged file, an index whose `weight_map` misses a key of a shard or places it elsewhere, a
+/// key in two shards, or a shard named outside the index's folder; kInvalidArgument for a path
+/// that is missing or not a regular file or folder (FIFOs, devices and sockets are refused by
+/// type before any read).
+Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
+
+/// Keys grouped by the data they share (one storage at the same offset, shape, strides and
+/// dtype, as `torch.save` keeps a tied weight): each group of two or more, in saved order.
+std::vector<std::vector<std::string>> storage_ties(const StateDict& state);
+
+enum class CheckpointFormat { kSafetensors, kTorchSave };
+/// The format a destination's name asks for: `.safetensors` (or `*.safetensors.index.json`);
+/// `.pt`, `.pth`, `.bin`, `.ckpt` (or `*.bin.index.json`, `*.pt.index.json`) for `torch.save`.
+/// Throws `Error` (kInvalidArgument) naming the path for any other name.
+CheckpointFormat format_for(const std::string& destination);
+
+/// What `write_checkpoint(destination, checkpoint)` would write, in order: one file, or for a
+/// sharded checkpoint written to an index (or a folder) the shards and then the index.
+std::vector<std::string> planned_files(const std::string& destination,
+                                       const Checkpoint& checkpoint);
+
+/// Refuses, with an `Error` (kInvalidArgument) naming the path, a destination that is empty,
+/// exists but is not a regular file (a device, FIFO, socket, folder or symbolic link), lies in a
+/// folder that is missing or not writable, has a name of no known format, or is one of `inputs`
+/// (unless `in_place`). Reads and writes nothing.
+void check_destination(const std::string& destination, const std::vector<std::string>& inputs,
+                       bool in_place);
+
+/// Writes `checkpoint.state` to `destination` in the format its name asks for; a sharded
+/// checkpoint written to an index or a folder keeps its shards (each key in the shard it came
+/// from) and gets an index with a `weight_map`. Ties are kept: one stored tensor in
+/// safetensors, one storage in `torch.save`. Each file is written atomically.
+void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint);
+
+/// `checkpoint` with keys renamed (found -> expected); tensors, order, ties and shards kept.
+Checkpoint rename_keys(const Checkpoint& checkpoint,
+                       const std::vector<std::pair<std::string, std::string>>& renames);
+
+namespace detail {
+/// The `weight_map` of an index file's text, in order: key -> shard file name. Throws `Error`
+/// (kMalformedInput) naming `path` and the key for damage (a repeated key, a value that is not
+/// a plain file name in the index's folder).
+std::vector<std::pair<std::string, std::string>> parse_shard_index(const std::string& text,
+                                                                   const std::string& path);
+}  // namespace detail
+
+}  // namespace wrapcert
