@@ -208,6 +208,9 @@ void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c)
 int run_check_keys(const CheckKeysCli& o) {
   const bool scan = o.fixture.empty() && o.against.empty() && o.listing.empty();
   const bool fixing = o.fix_given || o.in_place;
+  if (o.fix_given && o.fix.empty()) {
+    throw CLI::ValidationError("--fix", "needs the name of the file to write");
+  }
   if (fixing && scan) {
     throw CLI::ValidationError("--fix", "needs a reference: --fixture, --against or --keys");
   }

@@ -36,7 +36,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, path, "'" + path + "' " + what);
+  throw Error(ErrorCode::kInvalidArgument, path, what);
 }
 
 constexpr uint64_t kMaxIndex = uint64_t{100} * 1024 * 1024;
@@ -247,11 +247,11 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions&
   struct stat st {};
   if (path.empty()) throw Error(ErrorCode::kInvalidArgument, "", "an empty checkpoint path");
   if (::stat(path.c_str(), &st) != 0) {
-    refuse(path, std::string("cannot be read: ") + std::strerror(errno));
+    refuse(path, std::string("cannot open it: ") + std::strerror(errno));
   }
   if (S_ISDIR(st.st_mode)) return read_folder(path, options);
   if (!S_ISREG(st.st_mode))
-    refuse(path, "is " + detail::describe_file_type(st.st_mode) + ", not a checkpoint file");
+    refuse(path, "it is " + detail::describe_file_type(st.st_mode) + ", not a checkpoint file");
   if (is_index_name(path)) return read_index(path, options);
   return read_file(path, options);
 }

@@ -99,5 +99,48 @@ TEST_F(Safetensors, RejectsEachKindOfDamageNamingTheKey) {
   expect_damaged(raw(R"({"w":{"dtype":"F32","shape":[1]}})", 4), "w", "needs dtype, shape");
 }
 
+TEST_F(Safetensors, RejectsWhatTheSafetensorsLibraryRejects) {
+  expect_damaged(
+      raw(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          8),
+      "w", "names 'w' twice");
+  expect_damaged(
+      raw(R"({"__metadata__":{"format":"pt","format":"np"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          4),
+      "__metadata__.format", "twice");
+  expect_damaged(raw("{}", 0, uint64_t{200} * 1024 * 1024), "",
+                 "header length 209715200 exceeds the limit of 104857600 bytes");
+  expect_damaged(raw(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 6), "",
+                 "2 bytes follow the last tensor's data");
+  expect_damaged(raw(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "w",
+                 "4 bytes before its data belong to no tensor");
+}
+
+TEST_F(Safetensors, MetadataCannotHideAStoredTensor) {
+  const auto file = raw(
+      R"({"__metadata__":{"wrapcert.order":"[]"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+      4);
+  try {
+    (void)load_safetensors(file);
+    FAIL() << "a stored tensor was hidden";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.key_path(), "w");
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("missing from wrapcert.order"));
+  }
+}
+
+TEST_F(Safetensors, ATieIsOneStorageAtOneOffsetEvenAcrossTensorObjects) {
+  const auto storage = torch::arange(6, torch::kFloat);
+  StateDict state;  // as PyTorch's state_dict() gives a tied weight: two tensor objects
+  state.insert("embed.weight", storage.view({2, 3}));
+  state.insert("head.weight", storage.view({2, 3}));
+  state.insert("half", storage.narrow(0, 3, 3));  // same storage, another offset
+  save_safetensors(path("tied.safetensors"), state);
+  EXPECT_EQ(read_safetensors_header(path("tied.safetensors")).tensors.size(), 2u);
+  const auto loaded = load_safetensors(path("tied.safetensors"));
+  EXPECT_TRUE(loaded["head.weight"].is_same(loaded["embed.weight"]));
+  EXPECT_TRUE(loaded["half"].equal(storage.narrow(0, 3, 3)));
+}
+
 }  // namespace
 }  // namespace wrapcert

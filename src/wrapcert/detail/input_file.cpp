@@ -28,7 +28,7 @@ InputFile::InputFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd_ < 0) {
     throw Error(ErrorCode::kInvalidArgument, path_,
-                "cannot open '" + path_ + "': " + std::strerror(errno));
+                std::string("cannot open it: ") + std::strerror(errno));
   }
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -37,8 +37,7 @@ InputFile::InputFile(std::string path) : path_(std::move(path)) {
         S_ISREG(st.st_mode) ? std::strerror(err) : describe_file_type(st.st_mode);
     ::close(fd_);
     fd_ = -1;
-    throw Error(ErrorCode::kInvalidArgument, path_,
-                "'" + path_ + "' is " + what + ", not a checkpoint file");
+    throw Error(ErrorCode::kInvalidArgument, path_, "it is " + what + ", not a checkpoint file");
   }
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
   size_ = static_cast<uint64_t>(st.st_size);
