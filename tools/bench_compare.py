@@ -49,6 +49,13 @@ def mann_whitney_p(a, b):
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
+def fmt_time(ns):
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.4g} {unit}"
+    return f"{ns:.4g} ns"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,7 +87,7 @@ def main():
             flag = f"  (only {min(len(a), len(b))} repetitions: run with --benchmark_repetitions=9)"
             verdict += f" (only {min(len(a), len(b))} repetitions)"
         print(f"{name[:60]:60} {ma / 1e6:10.3f}ms {mb / 1e6:10.3f}ms {change:+7.1%} {p:7.3f}{flag}")
-        rows.append(f"| {name} | {ma / 1e6:.4g} ms | {mb / 1e6:.4g} ms | {change:+.1%} | "
+        rows.append(f"| {name} | {fmt_time(ma)} | {fmt_time(mb)} | {change:+.1%} | "
                     f"{p:.3g} | {verdict} |")
     summary = (f"{regressions} benchmark(s) slower by more than {args.threshold:.0%} "
                f"(p < {args.alpha})" if regressions else
