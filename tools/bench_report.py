@@ -539,9 +539,10 @@ def report(figures, contexts, errors, context, plot_paths, sections):
                 if r and r.verdict == "undecidable":
                     undecidable.append(f"{LABEL[num]} ÷ {LABEL[den]} on {title.split(' (')[0]}")
     if undecidable:
+        shown = undecidable[:6] + ([f"and {len(undecidable) - 6} more"]
+                                   if len(undecidable) > 6 else [])
         warnings.append(f"**Undecidable ratios**: {len(undecidable)} of {total} headline "
-                        "ratios have an interval that contains 1: " + "; ".join(undecidable)
-                        + ".")
+                        "ratios have an interval that contains 1: " + "; ".join(shown) + ".")
     for e in errors:
         warnings.append(f"**Benchmark failed**: {e}")
     if warnings:
@@ -590,6 +591,9 @@ def report(figures, contexts, errors, context, plot_paths, sections):
     other = other_rows(figures, used)
     if other:
         lines += ["## Other benchmarks", ""] + other + [""]
+        if any("peak_rss_mb" in f.counters for f in figures.values()):
+            lines += ["`peak_rss_mb` is the process's peak resident set so far (VmHWM): it "
+                      "includes every benchmark that ran before in the same process.", ""]
     for title, path in sections:
         with open(path) as f:
             lines += [f"## {title}", "", f.read().rstrip("\n"), ""]
