@@ -5,7 +5,15 @@ python3-torch), on the same layouts as the C++ benchmarks, on the meta device. W
 Benchmark's JSON format so tools/bench_report.py and tools/bench_compare.py read it as they read
 the C++ runs.
 
+The unwrap is the project's re-creation of accelerate's `_recursive_unwrap` (the `recursive=True`
+branch: `hasattr(m, "module")`, then every child through `setattr`, in place), in
+tools/tpu_bridge/seed_unwrap.py; accelerate itself is not imported. The wrapper is a stand-in
+for torch_xla's SpmdFullyShardedDataParallel (`_orig_module`, with `module` a property
+aliasing it). Each repetition times one unwrap of a freshly built tree (the unwrap rewires what
+it is given), with time.perf_counter_ns.
+
     /usr/bin/python3 bench/python_baseline.py --out python.json [--repetitions 9]
+        [--sizes 100,1000,10000,60000,100000]
 """
 import argparse
 import json
@@ -110,12 +118,13 @@ def synthetic_tree(n):
 
 
 def measure(build, repetitions):
+    """(wall ns, CPU ns of this thread) of one unwrap, per repetition."""
     times = []
     for _ in range(repetitions):
         model = build()  # the unwrap rewires what it is given: a fresh model each time
-        start = time.perf_counter_ns()
+        cpu, start = time.thread_time_ns(), time.perf_counter_ns()
         recursive_unwrap(model)
-        times.append(time.perf_counter_ns() - start)
+        times.append((time.perf_counter_ns() - start, time.thread_time_ns() - cpu))
     return times
 
 
@@ -123,20 +132,31 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--repetitions", type=int, default=9)
+    parser.add_argument("--sizes", default="100,1000,10000,60000,100000",
+                        help="synthetic tree sizes, comma-separated (modules)")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",") if n]
+    load_at_start = list(os.getloadavg())
     cases = [("BM_PythonDuckTypedLayout/layout:0", lambda: seed_wrapped("gemma-2b")),
              ("BM_PythonDuckTypedLayout/layout:1", lambda: seed_wrapped("mistral-7b"))]
-    for n in (100, 1000, 10000, 60000, 100000):
+    for n in sizes:
         cases.append((f"BM_PythonDuckTyped/modules:{n}", lambda n=n: synthetic_tree(n)))
     benchmarks = []
     for name, build in cases:
-        for rep, ns in enumerate(measure(build, args.repetitions)):
+        for rep, (wall, cpu) in enumerate(measure(build, args.repetitions)):
             benchmarks.append({"name": name, "run_name": name, "run_type": "iteration",
                                "repetitions": args.repetitions, "repetition_index": rep,
-                               "iterations": 1, "real_time": ns, "cpu_time": ns,
+                               "iterations": 1, "real_time": wall, "cpu_time": cpu,
                                "time_unit": "ns"})
-    context = {"python": platform.python_version(), "torch_version": torch.__version__,
-               "host_name": platform.node(), "executable": "python_baseline.py"}
+    context = {"python": platform.python_version(), "python_executable": sys.executable,
+               "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+               "host_name": platform.node(), "executable": "python_baseline.py",
+               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "load_avg": load_at_start, "load_avg_at_end": list(os.getloadavg()),
+               "num_cpus": os.cpu_count(),
+               "unwrap": "accelerate's _recursive_unwrap (extract_model_from_parallel, "
+                         "recursive=True), re-created in tools/tpu_bridge/seed_unwrap.py",
+               "wrapper": "stand-in for torch_xla's SpmdFullyShardedDataParallel"}
     with open(args.out, "w") as f:
         json.dump({"context": context, "benchmarks": benchmarks}, f, indent=1)
 

@@ -2,13 +2,15 @@
 // itself sets (a `named_modules()` walk and `named_parameters()` key extraction).
 //   build/bench/wrapcert_bench --benchmark_out=run.json --benchmark_out_format=json
 //       --benchmark_repetitions=9
-// tools/bench_report.py turns runs into Markdown and a plot; tools/bench_compare.py gates.
+// tools/bench_report.py turns runs into Markdown and a plot; tools/bench_compare.py gates;
+// scripts/bench.sh does all of it.
 
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/properties.h>
 #include <wrapcert/wrapcert.h>
 
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <rapidcheck/Random.h>
 #include <torch/nn/modules/linear.h>
@@ -341,6 +343,18 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("wrapcert_version", WRAPCERT_VERSION);
   benchmark::AddCustomContext("libtorch_version", TORCH_VERSION);
   benchmark::AddCustomContext("layouts", "layout:0 = gemma-2b, layout:1 = mistral-7b");
+  // LibTorch's intra-op thread count as the benchmarks find it (they do not set it).
+  benchmark::AddCustomContext("libtorch_threads", std::to_string(at::get_num_threads()));
+#if defined(__clang__)
+  benchmark::AddCustomContext("compiler", "clang " __clang_version__);
+#elif defined(__GNUC__)
+  benchmark::AddCustomContext("compiler", "gcc " __VERSION__);
+#endif
+#ifdef NDEBUG
+  benchmark::AddCustomContext("assertions", "off (NDEBUG)");
+#else
+  benchmark::AddCustomContext("assertions", "on");
+#endif
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian 12, as root), then configures and builds wrapcert.
-# Used by scripts/main.sh and scripts/test.sh; safe to run again.
+# Used by scripts/main.sh, scripts/test.sh and scripts/bench.sh; safe to run again.
+#   scripts/bootstrap.sh [TARGET...]   build only these targets (default: everything)
 #   BUILD_DIR  build folder (default: build)
 #   WRAPCERT_CMAKE_ARGS  extra arguments for the configure step
 #   WRAPCERT_NO_APT=1    install nothing (e.g. with your own LibTorch via CMAKE_PREFIX_PATH)
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 packages=(
-  g++ cmake ninja-build ccache python3 python3-torch
+  g++ cmake ninja-build ccache python3 python3-torch python3-matplotlib python3-scipy
   libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev
@@ -37,4 +38,6 @@ fi
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 # shellcheck disable=SC2086  # WRAPCERT_CMAKE_ARGS is a list of arguments
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${WRAPCERT_CMAKE_ARGS:-} >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"

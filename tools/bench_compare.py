@@ -5,18 +5,25 @@ significance: usable as a CI gate.
 
     tools/bench_compare.py BASELINE.json CONTENDER.json [--threshold 0.10] [--alpha 0.05]
 
+    tools/bench_compare.py BASELINE.json CONTENDER.json --markdown compare.md
+
 Per benchmark: the median of each run's repetitions, the relative change, and a two-sided
-Mann-Whitney U test over the repetitions (normal approximation with tie correction, written
-here: the standard library has none and scipy is not required). Fewer than 9 repetitions on
-either side is warned about: the test has little power there. Exit status 1 when any benchmark
-regresses by more than the threshold with p < alpha, 2 on bad input.
+Mann-Whitney U test over the repetitions (scipy.stats.mannwhitneyu; Debian: python3-scipy,
+which the set-up installs). Fewer than 9 repetitions on either side is warned about: the test
+has little power there. Exit status 1 when any benchmark regresses by more than the threshold
+with p < alpha, 2 on bad input. --markdown also writes the table as Markdown (for
+tools/bench_report.py --include).
 """
 import argparse
 import json
-import math
 import statistics
 import sys
 from collections import defaultdict
+
+try:
+    from scipy.stats import mannwhitneyu
+except ImportError:
+    sys.exit("bench_compare: needs scipy (Debian: apt-get install python3-scipy)")
 
 
 def load(path):
@@ -35,29 +42,18 @@ def load(path):
 
 
 def mann_whitney_p(a, b):
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie-corrected)."""
-    n1, n2 = len(a), len(b)
-    if n1 == 0 or n2 == 0:
+    """Two-sided p-value of the Mann-Whitney U test (scipy: exact for small samples without
+    ties, else the normal approximation with tie correction)."""
+    if not a or not b:
         return 1.0
-    values = sorted([(v, 0) for v in a] + [(v, 1) for v in b])
-    ranks, i, ties = [0.0] * len(values), 0, 0.0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1][0] == values[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2 + 1
-        t = j - i + 1
-        ties += t ** 3 - t
-        i = j + 1
-    r1 = sum(r for r, (_, g) in zip(ranks, values) if g == 0)
-    u = r1 - n1 * (n1 + 1) / 2
-    n = n1 + n2
-    sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))) if n > 1 else 0
-    if sigma == 0:
-        return 1.0
-    z = (abs(u - n1 * n2 / 2) - 0.5) / sigma
-    return math.erfc(max(z, 0) / math.sqrt(2))
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def fmt_time(ns):
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.4g} {unit}"
+    return f"{ns:.4g} ns"
 
 
 def main():
@@ -67,30 +63,46 @@ def main():
     parser.add_argument("contender")
     parser.add_argument("--threshold", type=float, default=0.10, help="relative slowdown")
     parser.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    parser.add_argument("--markdown", help="also write the table here, as Markdown")
     args = parser.parse_args()
     base, new = load(args.baseline), load(args.contender)
     common = [name for name in base if name in new]
     if not common:
         print("bench_compare: the runs share no benchmark", file=sys.stderr)
         return 2
-    regressions = 0
+    regressions, rows = 0, []
     print(f"{'benchmark':60} {'baseline':>12} {'contender':>12} {'change':>8} {'p':>7}")
     for name in common:
         a, b = base[name], new[name]
         ma, mb = statistics.median(a), statistics.median(b)
         change = (mb - ma) / ma if ma else 0.0
         p = mann_whitney_p(a, b)
-        flag = ""
+        flag, verdict = "", "no significant change"
         if change > args.threshold and p < args.alpha:
-            flag = "  REGRESSION"
+            flag, verdict = "  REGRESSION", "**REGRESSION**"
             regressions += 1
+        elif change < -args.threshold and p < args.alpha:
+            verdict = "faster"
         elif min(len(a), len(b)) < 9:
             flag = f"  (only {min(len(a), len(b))} repetitions: run with --benchmark_repetitions=9)"
+            verdict += f" (only {min(len(a), len(b))} repetitions)"
         print(f"{name[:60]:60} {ma / 1e6:10.3f}ms {mb / 1e6:10.3f}ms {change:+7.1%} {p:7.3f}{flag}")
+        rows.append(f"| {name} | {fmt_time(ma)} | {fmt_time(mb)} | {change:+.1%} | "
+                    f"{p:.3g} | {verdict} |")
+    summary = (f"{regressions} benchmark(s) slower by more than {args.threshold:.0%} "
+               f"(p < {args.alpha})" if regressions else
+               f"no benchmark slower by more than {args.threshold:.0%} with p < {args.alpha}")
     if regressions:
-        print(f"\n{regressions} benchmark(s) slower by more than {args.threshold:.0%} (p < {args.alpha})")
-        return 1
-    return 0
+        print(f"\n{summary}")
+    if args.markdown:
+        lines = [f"Gate: a benchmark regresses when its median is more than "
+                 f"{args.threshold:.0%} slower and a two-sided Mann-Whitney U test over the "
+                 f"repetitions gives p < {args.alpha}. Result: {summary}.", "",
+                 "| benchmark | baseline (median) | contender (median) | change | p | verdict |",
+                 "|---|---:|---:|---:|---:|---|"] + rows
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 1 if regressions else 0
 
 
 if __name__ == "__main__":
