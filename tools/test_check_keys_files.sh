@@ -138,4 +138,7 @@ grep -q "64 usage error" "$dir/cli.txt" || fail "--help does not document the ex
 run 64 "$dir/cli.txt" check-keys "$golden/ddp.pt" --fix "$dir/x.pt"
 run 2 "$dir/cli.txt" fixture tiny-gemma --save "$dir/meta.safetensors"
 grep -q -- "--device cpu" "$dir/cli.txt" || fail "fixture --save on meta"
+run 2 "$dir/cli.txt" demo --layers 1000 --hidden 4096
+grep -q "needs about .* GB for its weights; this machine has" "$dir/cli.txt" ||
+  fail "a demo that cannot fit in memory is not refused with its estimate"
 echo "check-keys on real checkpoints: scans, nested, legacy, sharded, listings, refusals as expected"
