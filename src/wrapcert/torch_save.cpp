@@ -9,6 +9,7 @@
 #include <zip.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -728,56 +729,49 @@ TorchSaveFile read_zip(detail::InputFile& file, const TorchSaveOptions& options)
                         std::to_string(c10::elementSize(s.dtype)));
     }
   }
-  TorchSaveFile out{std::move(pickled.state), "torch.save zip", pickled.entry,
-                    pickled.other_entries};
-  if (options.data) {
-    pickled.state = std::move(out.state);
-    out.state = with_data(pickled, [&](size_t s, torch::Tensor& t) {
-      archive.read("data/" + pickled.storages[s].key, t.data_ptr(), t.nbytes());
-    });
-  }
+  TorchSaveFile out{StateDict(), "torch.save zip", pickled.entry, pickled.other_entries};
+  out.state = !options.data
+                  ? std::move(pickled.state)
+                  : with_data(pickled, [&](size_t s, torch::Tensor& t) {
+                      archive.read("data/" + pickled.storages[s].key, t.data_ptr(), t.nbytes());
+                    });
   return out;
 }
 
 TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& options) {
   const std::string& path = file.path();
   const detail::MappedFile map(file);
-  std::vector<detail::PickledStorage> none;
   size_t pos = sizeof kLegacyMagic;
-  // The values live in each reader's arena; only what is checked here is kept.
-  {
+  // Runs the pickle at `pos` and hands its value to `check` (values live in the reader's arena).
+  auto next = [&](const std::function<void(const Value*)>& check) {
+    std::vector<detail::PickledStorage> none;
     Reader reader(path, map.data(), map.size(), pos, none);
-    const Value* version = reader.run();
+    check(reader.run());
+    pos = reader.pos();
+  };
+  next([&](const Value* version) {
     if (version->kind != Value::Kind::kInt || version->i != 1001) {
       damaged(path, "a legacy torch.save file of an unknown protocol version");
     }
-    pos = reader.pos();
-  }
-  {
-    Reader reader(path, map.data(), map.size(), pos, none);
-    const Value* info = reader.run();
-    if (info->kind == Value::Kind::kDict) {
-      const Value* little = find_entry(info, "little_endian");
-      if (little && little->kind == Value::Kind::kBool && !little->i) {
-        damaged(path, "a big-endian legacy torch.save file, which wrapcert does not read");
-      }
+  });
+  next([&](const Value* info) {
+    const Value* little =
+        info->kind == Value::Kind::kDict ? find_entry(info, "little_endian") : nullptr;
+    if (little && little->kind == Value::Kind::kBool && !little->i) {
+      damaged(path, "a big-endian legacy torch.save file, which wrapcert does not read");
     }
-    pos = reader.pos();
-  }
+  });
   auto pickled =
       detail::read_state_dict_pickle(map.data() + pos, map.size() - pos, path, options.entry);
   pos += pickled.end;
   std::vector<std::string> order;
-  {
-    Reader reader(path, map.data(), map.size(), pos, none);
-    const Value* keys = reader.run();
+  next([&](const Value* keys) {
     if (keys->kind != Value::Kind::kList) damaged(path, "the storage key list is missing");
     for (const auto* k : keys->items) {
       if (k->kind != Value::Kind::kString) damaged(path, "a storage key that is not a string");
       order.push_back(k->s);
     }
-    pos = reader.pos();
-  }
+  });
   // Where each storage's bytes lie: its count is checked, its data is not read.
   std::unordered_map<std::string, size_t> index;
   for (size_t s = 0; s < pickled.storages.size(); ++s) index.emplace(pickled.storages[s].key, s);
@@ -810,14 +804,13 @@ TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& optio
   if (pos != map.size()) {
     damaged(path, std::to_string(map.size() - pos) + " bytes follow the last storage");
   }
-  TorchSaveFile out{std::move(pickled.state), "torch.save legacy", pickled.entry,
-                    pickled.other_entries};
-  if (options.data) {
-    pickled.state = std::move(out.state);
-    out.state = with_data(pickled, [&](size_t s, torch::Tensor& t) {
-      if (t.nbytes()) std::memcpy(t.data_ptr(), map.data() + offset[s], t.nbytes());
-    });
-  }
+  TorchSaveFile out{StateDict(), "torch.save legacy", pickled.entry, pickled.other_entries};
+  out.state = !options.data ? std::move(pickled.state)
+                            : with_data(pickled, [&](size_t s, torch::Tensor& t) {
+                                if (t.nbytes()) {
+                                  std::memcpy(t.data_ptr(), map.data() + offset[s], t.nbytes());
+                                }
+                              });
   return out;
 }
 

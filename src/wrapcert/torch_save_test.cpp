@@ -2,14 +2,18 @@
 #include <wrapcert/error.h>
 #include <wrapcert/safetensors.h>
 #include <wrapcert/testing/paths.h>
+#include <wrapcert/testing/temp_dir.h>
 #include <wrapcert/torch_save.h>
 
+#include <caffe2/serialize/inline_container.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace wrapcert {
 namespace {
@@ -180,6 +184,50 @@ TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
   for (int i = 0; i < 1000000; ++i) deep.op("\x85");
   deep.op(".");
   expect_malformed(deep, "", "holds a tuple, not a dict");
+}
+
+TEST(TorchSaveZip, EveryStorageIsInTheArchiveWithItsExactSize) {
+  testing::TempDir dir;
+  Pickle p;
+  p.op("}").str("w").tensor("0", 4, 0, {4}, {1}).op("s.");
+  auto archive = [&](const std::string& name, const std::map<std::string, std::string>& records) {
+    caffe2::serialize::PyTorchStreamWriter writer(dir / name);
+    writer.writeRecord("data.pkl", p.bytes.data(), p.bytes.size());
+    for (const auto& [record, bytes] : records) {
+      writer.writeRecord(record, bytes.data(), bytes.size());
+    }
+    writer.writeEndOfFile();
+    return dir / name;
+  };
+  const auto good = read_torch_save(archive("good.pt", {{"data/0", std::string(16, '\0')}}));
+  EXPECT_TRUE(good.state["w"].equal(torch::zeros({4})));
+  const auto short_record = archive("short.pt", {{"data/0", std::string(12, '\0')}});
+  EXPECT_THAT(
+      [&] {
+        read_torch_save(short_record, {/*data=*/false, ""});
+      },
+      ::testing::ThrowsMessage<Error>(
+          ::testing::HasSubstr("storage data/0 holds 12 bytes, not 4 elements of 4")));
+  const auto lacking = archive("lacking.pt", {});
+  EXPECT_THAT(
+      [&] {
+        read_torch_save(lacking, {/*data=*/false, ""});
+      },
+      ::testing::ThrowsMessage<Error>(::testing::HasSubstr("lacks storage data/0")));
+}
+
+TEST(TorchSaveZip, ADamagedRecordIsFoundWhenItsDataIsRead) {
+  testing::TempDir dir;
+  const auto copy = dir / "tied.pt";
+  std::filesystem::copy_file(testing::golden_dir() + "/checkpoints/tied.pt", copy);
+  const auto offset = caffe2::serialize::PyTorchStreamReader(copy).getRecordOffset("data/0");
+  {
+    std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.put('\x7f');
+  }
+  EXPECT_THAT([&] { read_torch_save(copy); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("record data/0 is damaged")));
 }
 
 }  // namespace
