@@ -322,6 +322,8 @@ struct CertifyOptions {
   std::string json;
   std::string junit;
   bool quiet = false;
+  int timeout = wrapcert::certify::Options{}.timeout_seconds;
+  bool in_process = false;
 };
 
 int run_certify(const CertifyOptions& o) {
@@ -332,6 +334,8 @@ int run_certify(const CertifyOptions& o) {
   options.cases = o.cases;
   options.max_size = o.max_size;
   options.seed = o.seed;
+  options.timeout_seconds = o.timeout;
+  options.isolate = !o.in_process;
   // googletest's rhythm on the console.
   auto listener = [quiet = o.quiet](const wrapcert::certify::Entry& e, bool done) {
     if (quiet) return;
@@ -346,6 +350,7 @@ int run_certify(const CertifyOptions& o) {
     if (e.status != wrapcert::certify::Status::kPassed) {
       std::cout << e.reason << (e.key.empty() ? "" : " at '" + e.key + "'") << "\n";
       if (!e.counterexample.empty()) std::cout << e.counterexample << "\n";
+      if (!e.replay.empty()) std::cout << "replay: " << e.replay << "\n";
     }
     std::cout << tag << name << " (" << e.cases << " cases, " << static_cast<int>(e.seconds * 1000)
               << " ms)" << std::endl;
@@ -448,6 +453,13 @@ int main(int argc, char** argv) {
   certify_cmd->add_option("--json", certify.json, "write a JSON report");
   certify_cmd->add_option("--junit", certify.junit, "write a JUnit XML report");
   certify_cmd->add_flag("--quiet", certify.quiet, "print only the summary table");
+  certify_cmd
+      ->add_option("--timeout", certify.timeout,
+                   "seconds one check may take before it is stopped as hung")
+      ->check(CLI::Range(1, 86400));
+  certify_cmd->add_flag("--in-process", certify.in_process,
+                        "run the checks in this process (no crash or hang isolation; for "
+                        "debuggers)");
   certify_cmd->callback([&] { std::exit(run_certify(certify)); });
 
   bool hardware_json = false;

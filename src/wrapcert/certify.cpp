@@ -7,10 +7,21 @@
 #include <wrapcert/wrap.h>
 #include <wrapcert/wrappers.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <rapidcheck.h>
+#include <rapidcheck/detail/Configuration.h>
 #include <rapidcheck/detail/TestListener.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -78,10 +89,8 @@ std::vector<GeneratedProperty> generated_properties() {
 }
 
 Entry run_generated(const std::string& kind, const GeneratedProperty& property,
-                    const props::UnwrapSubject& subject, const Options& options,
-                    const Listener& listener) {
+                    const props::UnwrapSubject& subject, const Options& options) {
   Entry entry = new_entry(kind, property.name, "generated trees");
-  if (listener) listener(entry, false);
   const auto start = Clock::now();
   gen::GenOptions g;
   // The certified kind is drawn as often as all built-in kinds together.
@@ -124,7 +133,6 @@ Entry run_generated(const std::string& kind, const GeneratedProperty& property,
     entry.reason = "too few generated cases apply: " + gave_up.description;
   }
   entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (listener) listener(entry, true);
   return entry;
 }
 
@@ -143,66 +151,60 @@ std::vector<std::shared_ptr<WrapperImpl>> wrappers_in(const ModulePtr& root) {
   return out;
 }
 
-/// P1-P3 on a full-size fixture on the meta device, each on a freshly built model.
-std::vector<Entry> run_layout(const std::string& kind, const fixtures::CausalLMConfig& config,
-                              const props::UnwrapSubject& subject, const Listener& listener) {
-  std::vector<Entry> entries;
-  for (const std::string property : {"P1 keys", "P2 identity", "P3 ties"}) {
-    Entry entry = new_entry(kind, property, config.name);
-    if (listener) listener(entry, false);
-    const auto start = Clock::now();
-    entry.cases = 1;
-    try {
-      auto model = fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype});
-      const auto original = state_dict(model);
-      const auto state = subject(wrap_fixture(model, config, kind)).state;
-      auto fail = [&entry](std::string reason, std::string key) {
-        entry.status = Status::kFailed;
-        entry.reason = std::move(reason);
-        entry.key = std::move(key);
-      };
-      if (property == "P1 keys" && state.keys() != original.keys()) {
-        std::string key = state.size() > original.size() ? state[original.size()].key() : "";
-        for (size_t i = 0; i < std::min(state.size(), original.size()); ++i) {
-          if (state[i].key() != original[i].key()) {
-            key = state[i].key();
-            break;
-          }
-        }
-        fail("the unwrapped keys differ from the model's", key);
-      } else if (property == "P2 identity") {
-        for (const auto& item : original) {
-          const auto* got = state.find(item.key());
-          if (!got || !got->is_same(item.value())) {
-            fail(got ? "not the model's own tensor" : "missing", item.key());
-            break;
-          }
-        }
-      } else if (property == "P3 ties" && props::tie_groups(state) != props::tie_groups(original)) {
-        fail("tied keys no longer share one tensor", "lm_head.weight");
-      }
-    } catch (const std::exception& e) {
+const char* const kLayoutProperties[] = {"P1 keys", "P2 identity", "P3 ties"};
+
+/// P1, P2 or P3 on a full-size fixture on the meta device, on a freshly built model.
+Entry run_layout(const std::string& kind, const fixtures::CausalLMConfig& config,
+                 const props::UnwrapSubject& subject, const std::string& property) {
+  Entry entry = new_entry(kind, property, config.name);
+  const auto start = Clock::now();
+  entry.cases = 1;
+  try {
+    auto model = fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype});
+    const auto original = state_dict(model);
+    const auto state = subject(wrap_fixture(model, config, kind)).state;
+    auto fail = [&entry](std::string reason, std::string key) {
       entry.status = Status::kFailed;
-      entry.reason = first_line(e.what());
+      entry.reason = std::move(reason);
+      entry.key = std::move(key);
+    };
+    if (property == "P1 keys" && state.keys() != original.keys()) {
+      std::string key = state.size() > original.size() ? state[original.size()].key() : "";
+      for (size_t i = 0; i < std::min(state.size(), original.size()); ++i) {
+        if (state[i].key() != original[i].key()) {
+          key = state[i].key();
+          break;
+        }
+      }
+      fail("the unwrapped keys differ from the model's", key);
+    } else if (property == "P2 identity") {
+      for (const auto& item : original) {
+        const auto* got = state.find(item.key());
+        if (!got || !got->is_same(item.value())) {
+          fail(got ? "not the model's own tensor" : "missing", item.key());
+          break;
+        }
+      }
+    } else if (property == "P3 ties" && props::tie_groups(state) != props::tie_groups(original)) {
+      fail("tied keys no longer share one tensor", "lm_head.weight");
     }
-    entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (listener) listener(entry, true);
-    entries.push_back(std::move(entry));
+  } catch (const std::exception& e) {
+    entry.status = Status::kFailed;
+    entry.reason = first_line(e.what());
   }
-  return entries;
+  entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return entry;
 }
 
 /// P4 on a tiny fixture in double: through every wrapper and through none.
 Entry run_numerics(const std::string& kind, const fixtures::CausalLMConfig& config,
-                   const props::UnwrapSubject& subject, const Listener& listener) {
+                   const props::UnwrapSubject& subject) {
   Entry entry = new_entry(kind, "P4 backward", config.name);
-  if (listener) listener(entry, false);
   const auto start = Clock::now();
   entry.cases = 1;
   const auto& descriptor = Registry::global().at(kind);
   auto finish = [&] {
     entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (listener) listener(entry, true);
     return entry;
   };
   if (descriptor.numerics == Numerics::kChangesOutput ||
@@ -277,6 +279,140 @@ Entry run_numerics(const std::string& kind, const fixtures::CausalLMConfig& conf
   return finish();
 }
 
+nlohmann::json to_json_value(const Entry& e) {
+  return {{"kind", e.kind},
+          {"property", e.property},
+          {"target", e.target},
+          {"status", static_cast<int>(e.status)},
+          {"reason", e.reason},
+          {"key", e.key},
+          {"counterexample", e.counterexample},
+          {"cases", e.cases},
+          {"seconds", e.seconds}};
+}
+
+Entry from_json_value(const nlohmann::json& j) {
+  Entry e;
+  e.kind = j.at("kind").get<std::string>();
+  e.property = j.at("property").get<std::string>();
+  e.target = j.at("target").get<std::string>();
+  e.status = static_cast<Status>(j.at("status").get<int>());
+  e.reason = j.at("reason").get<std::string>();
+  e.key = j.at("key").get<std::string>();
+  e.counterexample = j.at("counterexample").get<std::string>();
+  e.cases = j.at("cases").get<int>();
+  e.seconds = j.at("seconds").get<double>();
+  return e;
+}
+
+void write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const auto n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+/// Runs `check` in a child process with a time limit; its entry comes back through a pipe. A
+/// child that dies by a signal, exits without a verdict or outlives the limit is a failed entry
+/// saying so.
+Entry run_isolated(const Entry& blank, const Options& options,
+                   const std::function<Entry()>& check) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                std::string("cannot isolate a check: ") + std::strerror(errno));
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  const auto start = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw Error(ErrorCode::kInvalidArgument, "",
+                std::string("cannot isolate a check: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    Entry entry = blank;
+    try {
+      entry = check();
+    } catch (const std::exception& e) {
+      entry.status = Status::kFailed;
+      entry.reason = first_line(e.what());
+    } catch (...) {
+      entry.status = Status::kFailed;
+      entry.reason = "threw something that is not an exception";
+    }
+    write_all(fds[1], to_json_value(entry).dump());
+    ::_exit(0);  // no exit handlers: they belong to the parent
+  }
+  ::close(fds[1]);
+  std::string data;
+  bool timed_out = false;
+  const auto deadline = start + std::chrono::seconds(options.timeout_seconds);
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd in{fds[0], POLLIN, 0};
+    const int ready = ::poll(&in, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    char buffer[65536];
+    const auto n = ::read(fds[0], buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  Entry entry = blank;
+  entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  entry.status = Status::kFailed;
+  if (timed_out) {
+    entry.reason =
+        "did not finish within " + std::to_string(options.timeout_seconds) + " s: stopped as hung";
+  } else if (WIFSIGNALED(status)) {
+    entry.reason = std::string("crashed: signal ") + std::to_string(WTERMSIG(status)) + " (" +
+                   ::strsignal(WTERMSIG(status)) + ")";
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+    entry.reason =
+        "exited with status " + std::to_string(WEXITSTATUS(status)) + " before giving a verdict";
+  } else {
+    try {
+      return from_json_value(nlohmann::json::parse(data));
+    } catch (const nlohmann::json::exception&) {
+      entry.reason = "ended without a verdict";
+    }
+  }
+  return entry;
+}
+
+/// The command line that runs the check of `entry` again.
+std::string replay_command(const Entry& entry, const Options& options) {
+  std::string out = "wrapcert certify --wrappers " + entry.kind + " --subject " +
+                    std::string(to_string(options.subject)) + " --seed " +
+                    std::to_string(options.seed);
+  if (entry.target == "generated trees") {
+    out += " --cases " + std::to_string(options.cases) + " --max-size " +
+           std::to_string(options.max_size);
+  } else {
+    out += " --fixtures " + entry.target;
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* to_string(Status status) {
@@ -306,26 +442,39 @@ Report certify(const Options& options, const Listener& listener) {
   report.options = options;
   if (report.options.kinds.empty()) report.options.kinds = Registry::global().names();
   for (const auto& kind : report.options.kinds) (void)Registry::global().at(kind);  // validate
-  if (options.cases < 1 || options.max_size < 1) {
-    throw Error(ErrorCode::kInvalidArgument, "", "cases and max_size must be positive");
+  if (options.cases < 1 || options.max_size < 1 || options.timeout_seconds < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                "cases, max_size and timeout_seconds must be positive");
   }
   std::vector<fixtures::CausalLMConfig> layouts;
   for (const auto& name : options.fixtures) layouts.push_back(fixtures::config_named(name));
   if (report.options.seed == 0) report.options.seed = std::random_device{}() | 1ULL;
 
   const auto subject = props::subject(options.subject);
-  for (const auto& kind : report.options.kinds) {
+  const auto& o = report.options;
+  // rapidcheck reads RC_PARAMS (and says so) once per process: here, not in every child.
+  (void)rc::detail::configuration();
+  auto run = [&](Entry blank, const std::function<Entry()>& check) {
+    if (listener) listener(blank, false);
+    Entry entry = o.isolate ? run_isolated(blank, o, check) : check();
+    if (entry.status == Status::kFailed) entry.replay = replay_command(entry, o);
+    if (listener) listener(entry, true);
+    report.entries.push_back(std::move(entry));
+  };
+  for (const auto& kind : o.kinds) {
     for (const auto& property : generated_properties()) {
-      report.entries.push_back(run_generated(kind, property, subject, report.options, listener));
+      run(new_entry(kind, property.name, "generated trees"),
+          [&] { return run_generated(kind, property, subject, o); });
     }
     for (const auto& config : layouts) {
-      const bool tiny = config.hidden_size <= 256;
-      if (tiny) {
-        report.entries.push_back(run_numerics(kind, config, subject, listener));
-      } else {
-        for (auto& e : run_layout(kind, config, subject, listener)) {
-          report.entries.push_back(std::move(e));
-        }
+      if (config.hidden_size <= 256) {  // tiny: real numerics
+        run(new_entry(kind, "P4 backward", config.name),
+            [&] { return run_numerics(kind, config, subject); });
+        continue;
+      }
+      for (const std::string property : kLayoutProperties) {
+        run(new_entry(kind, property, config.name),
+            [&] { return run_layout(kind, config, subject, property); });
       }
     }
   }

@@ -28,6 +28,12 @@ struct Options {
   int cases = 100;     ///< generated cases per property and kind
   int max_size = 100;  ///< rapidcheck's size bound
   uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
+  /// Run each check in a child process, so that a crash, an abort or a hang in the code under
+  /// certification becomes a failed entry (naming the signal or the limit) instead of ending the
+  /// run and losing the report.
+  bool isolate = true;
+  /// Seconds one check may take in its child process before it is stopped as hung.
+  int timeout_seconds = 600;
 };
 
 struct Entry;
@@ -47,6 +53,7 @@ struct Entry {
   std::string counterexample;  ///< the shrunk tree with its keys
   int cases = 0;               ///< cases run
   double seconds = 0.0;
+  std::string replay;  ///< for a failure: the command that runs this check again
 };
 
 struct Report {
@@ -57,7 +64,8 @@ struct Report {
 };
 
 /// Runs every property for each kind on generated trees (the kind mixed with the built-in
-/// kinds) and on the fixtures. Throws `Error` for an unknown kind, fixture or bad option.
+/// kinds) and on the fixtures, each check in its own child process unless `isolate` is off.
+/// Throws `Error` for an unknown kind, fixture or bad option.
 Report certify(const Options& options, const Listener& listener = nullptr);
 /// Registers `registration` in the global registry if its name is new, then certifies it.
 Report certify(const WrapperKind& registration, Options options = {},

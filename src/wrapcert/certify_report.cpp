@@ -116,6 +116,10 @@ std::string to_markdown(const Report& report) {
       if (e.kind != kind || e.counterexample.empty()) continue;
       out << "\n" << e.property << " counterexample:\n\n```\n" << e.counterexample << "\n```\n";
     }
+    for (const auto& e : report.entries) {
+      if (e.kind != kind || e.replay.empty()) continue;
+      out << "\nReplay " << e.property << " [" << e.target << "]: `" << e.replay << "`\n";
+    }
   }
   return out.str();
 }
@@ -131,7 +135,9 @@ std::string to_json(const Report& report) {
         {"fixtures", report.options.fixtures},
         {"subject", std::string(to_string(report.options.subject))},
         {"cases", report.options.cases},
-        {"max_size", report.options.max_size}}},
+        {"max_size", report.options.max_size},
+        {"isolate", report.options.isolate},
+        {"timeout_seconds", report.options.timeout_seconds}}},
   };
   j["summary"] = {{"passed", report.count(Status::kPassed)},
                   {"failed", report.count(Status::kFailed)},
@@ -146,7 +152,8 @@ std::string to_json(const Report& report) {
                             {"key", e.key},
                             {"counterexample", e.counterexample},
                             {"cases", e.cases},
-                            {"seconds", e.seconds}});
+                            {"seconds", e.seconds},
+                            {"replay", e.replay}});
   }
   return j.dump(2) + "\n";
 }
@@ -175,7 +182,7 @@ std::string to_junit(const Report& report) {
       if (e.status == Status::kFailed) {
         out << "\n      <failure message=\"" << xml(e.reason) << "\">"
             << xml(e.reason + (e.key.empty() ? "" : " at '" + e.key + "'") + "\n" +
-                   e.counterexample)
+                   e.counterexample + (e.replay.empty() ? "" : "\nreplay: " + e.replay))
             << "</failure>\n    ";
       } else if (e.status == Status::kSkipped) {
         out << "\n      <skipped message=\"" << xml(e.reason) << "\"/>\n    ";

@@ -4,7 +4,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
+
+#include <csignal>
 
 namespace wrapcert::certify {
 namespace {
@@ -25,6 +28,32 @@ class LoudRelayImpl : public WrapperImpl {
 
  protected:
   torch::Tensor run(const torch::Tensor& input) override { return 2 * call(*inner(), input); }
+};
+
+/// Kills its process on forward, as a wrapper with a memory error would.
+class CrashingRelayImpl : public WrapperImpl {
+ public:
+  explicit CrashingRelayImpl(ModulePtr inner)
+      : WrapperImpl("CrashingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    std::raise(SIGSEGV);
+    return call(*inner(), input);
+  }
+};
+
+/// Never returns from forward.
+class HangingRelayImpl : public WrapperImpl {
+ public:
+  explicit HangingRelayImpl(ModulePtr inner)
+      : WrapperImpl("HangingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    while (true) ::pause();
+    return call(*inner(), input);
+  }
 };
 
 Options quick() {
@@ -89,6 +118,44 @@ TEST(Certify, ShowsTheLegacySubjectFailing) {
   EXPECT_TRUE(certify(o).passed());
 }
 
+TEST(Certify, AWrapperThatCrashesIsAFailedEntryWithAReplayNotADeadRun) {
+  auto o = quick();
+  o.fixtures = {"tiny-mistral"};
+  const auto report =
+      certify(wrapper_kind<CrashingRelayImpl>("CrashingRelay", "_relayed_module"), o);
+  ASSERT_FALSE(report.passed());
+  bool crashed = false;
+  for (const auto& e : report.entries) {
+    if (e.status != Status::kFailed) continue;
+    EXPECT_THAT(e.replay, HasSubstr("wrapcert certify --wrappers CrashingRelay --subject "
+                                    "reference --seed 11"));
+    if (e.property == "P4 backward" && e.target == "tiny-mistral") {
+      crashed = true;
+      EXPECT_THAT(e.reason, HasSubstr("crashed: signal 11"));
+    }
+  }
+  EXPECT_TRUE(crashed) << to_markdown(report);
+  EXPECT_THAT(to_json(report),
+              HasSubstr("\"replay\": \"wrapcert certify --wrappers CrashingRelay"));
+}
+
+TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {
+  auto o = quick();
+  o.fixtures = {"tiny-mistral"};
+  o.timeout_seconds = 2;
+  const auto report = certify(wrapper_kind<HangingRelayImpl>("HangingRelay", "_relayed_module"), o);
+  bool hung = false;
+  for (const auto& e : report.entries) {
+    if (e.property == "P4 backward" && e.target == "tiny-mistral") {
+      hung = true;
+      EXPECT_EQ(e.status, Status::kFailed);
+      EXPECT_THAT(e.reason, HasSubstr("did not finish within 2 s"));
+      EXPECT_LT(e.seconds, 30.0);
+    }
+  }
+  EXPECT_TRUE(hung);
+}
+
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {
   auto o = quick();
   o.kinds = {"FSDP3"};
@@ -98,6 +165,9 @@ TEST(Certify, RejectsUnknownNamesAndBadOptions) {
   EXPECT_THROW((void)certify(o), Error);
   o = quick();
   o.cases = 0;
+  EXPECT_THROW((void)certify(o), Error);
+  o = quick();
+  o.timeout_seconds = 0;
   EXPECT_THROW((void)certify(o), Error);
 }
 

@@ -43,16 +43,15 @@ class BlockImpl : public Layer {
       if (plan.kind == Plan::Kind::kSingle) {
         out = out + call(*child, input(plan.ids.at(0)));
       } else if (plan.kind == Plan::Kind::kList) {
+        const auto list = std::dynamic_pointer_cast<torch::nn::ModuleListImpl>(child);
+        if (!list) unexpected(plan, "a ModuleList", *child);
         size_t i = 0;
-        for (const auto& m : *std::dynamic_pointer_cast<torch::nn::ModuleListImpl>(child)) {
-          out = out + call(*m, input(plan.ids.at(i++)));
-        }
+        for (const auto& m : *list) out = out + call(*m, input(element_ids(plan, i++)));
       } else {
+        const auto dict = std::dynamic_pointer_cast<torch::nn::ModuleDictImpl>(child);
+        if (!dict) unexpected(plan, "a ModuleDict", *child);
         size_t i = 0;
-        for (const auto& m :
-             std::dynamic_pointer_cast<torch::nn::ModuleDictImpl>(child)->values()) {
-          out = out + call(*m, input(plan.ids.at(i++)));
-        }
+        for (const auto& m : dict->values()) out = out + call(*m, input(element_ids(plan, i++)));
       }
     }
     return out;
@@ -60,6 +59,22 @@ class BlockImpl : public Layer {
   std::string python_name() const override { return "Block"; }
 
  private:
+  /// The tree is not what this block was built with (an unwrap rewired it): an error naming the
+  /// child, not a crash.
+  [[noreturn]] static void unexpected(const Plan& plan, const std::string& wanted,
+                                      const torch::nn::Module& found) {
+    throw Error(ErrorCode::kNotForwardable, plan.name,
+                "the generated Block expects " + wanted + " here, and finds " + found.name());
+  }
+  static bool element_ids(const Plan& plan, size_t i) {
+    if (i >= plan.ids.size()) {
+      throw Error(ErrorCode::kNotForwardable, plan.name + "." + std::to_string(i),
+                  "the generated Block was built with " + std::to_string(plan.ids.size()) +
+                      " elements here, and finds more");
+    }
+    return plan.ids[i];
+  }
+
   int64_t dim_;
 };
 
