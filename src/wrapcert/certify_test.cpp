@@ -131,7 +131,7 @@ TEST(Certify, AWrapperThatCrashesIsAFailedEntryWithAReplayNotADeadRun) {
                                     "reference --seed 11"));
     if (e.property == "P4 backward" && e.target == "tiny-mistral") {
       crashed = true;
-      EXPECT_THAT(e.reason, HasSubstr("crashed: signal 11"));
+      EXPECT_THAT(e.reason, HasSubstr("crashed: signal"));  // 11, or 6 where ASan aborts
     }
   }
   EXPECT_TRUE(crashed) << to_markdown(report);
