@@ -30,6 +30,18 @@ class LoudRelayImpl : public WrapperImpl {
   torch::Tensor run(const torch::Tensor& input) override { return 2 * call(*inner(), input); }
 };
 
+/// Skips its inner module for a single example: a fault only a batch of one shows.
+class BatchOfOneSkipperImpl : public WrapperImpl {
+ public:
+  explicit BatchOfOneSkipperImpl(ModulePtr inner)
+      : WrapperImpl("BatchOfOneSkipper", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    return input.size(0) == 1 ? input : call(*inner(), input);
+  }
+};
+
 /// Kills its process on forward, as a wrapper with a memory error would.
 class CrashingRelayImpl : public WrapperImpl {
  public:
@@ -137,6 +149,23 @@ TEST(Certify, AWrapperThatCrashesIsAFailedEntryWithAReplayNotADeadRun) {
   EXPECT_TRUE(crashed) << to_markdown(report);
   EXPECT_THAT(to_json(report),
               HasSubstr("\"replay\": \"wrapcert certify --wrappers CrashingRelay"));
+}
+
+TEST(Certify, AFaultOnlyABatchOfOneShowsIsFoundOnGeneratedTreesNamingAKey) {
+  auto o = quick();
+  o.fixtures = {};
+  const auto report =
+      certify(wrapper_kind<BatchOfOneSkipperImpl>("BatchOfOneSkipper", "_relayed_module"), o);
+  bool found = false;
+  for (const auto& e : report.entries) {
+    if (e.property != "P4 backward" || e.target != "generated trees") continue;
+    found = true;
+    EXPECT_EQ(e.status, Status::kFailed);
+    EXPECT_THAT(e.reason, HasSubstr("(batch of 1)"));
+    EXPECT_FALSE(e.key.empty()) << e.reason;
+    EXPECT_THAT(e.counterexample, HasSubstr("BatchOfOneSkipper("));
+  }
+  EXPECT_TRUE(found);
 }
 
 TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {

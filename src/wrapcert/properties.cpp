@@ -192,38 +192,52 @@ Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
     const auto built = gen::build(spec, {c10::kDouble, 1, true});
     if (!built.bitwise) return skip("P4 backward", "a wrapper kind is not bitwise transparent");
     const auto plain = gen::build(spec, {c10::kDouble, 1, false});
-    const auto input = gen::sample_input(spec, c10::kDouble);
-    const auto expected = step(plain.root, plain.original, input);
+    // A single example and a batch: a forward path may hide a fault behind either.
+    const std::vector<torch::Tensor> inputs = {gen::sample_input(spec, c10::kDouble, 0, 1),
+                                               gen::sample_input(spec, c10::kDouble, 0, 2)};
+    std::vector<std::pair<torch::Tensor, std::vector<torch::Tensor>>> expected;
+    for (const auto& input : inputs) expected.push_back(step(plain.root, plain.original, input));
+    auto batch = [](const torch::Tensor& input) {
+      return " (batch of " + std::to_string(input.size(0)) + ")";
+    };
     size_t where = 0;
 
-    reset_calls(built);
-    const auto wrapped = step(built.root, built.original, input);
-    for (const auto& w : built.wrappers) {
-      if (w->calls() == 0)
-        return fail("P4 backward", "the wrapped run skipped a " + w->kind_name());
-    }
-    if (!wrapped.first.equal(expected.first)) {
-      return fail("P4 backward", "the wrapped model's output differs from the model's");
-    }
-    if (!same_grads(wrapped.second, expected.second, built.tolerance, where)) {
-      return fail("P4 backward", "a gradient through the wrappers differs",
-                  built.original.keys()[where]);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      reset_calls(built);
+      const auto wrapped = step(built.root, built.original, inputs[i]);
+      for (const auto& w : built.wrappers) {
+        if (w->calls() == 0) {
+          return fail("P4 backward",
+                      "the wrapped run skipped a " + w->kind_name() + batch(inputs[i]));
+        }
+      }
+      if (!same_grads(wrapped.second, expected[i].second, built.tolerance, where)) {
+        return fail("P4 backward", "a gradient through the wrappers differs" + batch(inputs[i]),
+                    built.original.keys()[where]);
+      }
+      if (!wrapped.first.equal(expected[i].first)) {
+        return fail("P4 backward",
+                    "the wrapped model's output differs from the model's" + batch(inputs[i]));
+      }
     }
 
     const auto unwrapped = u(built.root);
-    reset_calls(built);
-    const auto run = step(unwrapped.root, built.original, input);
-    for (const auto& w : built.wrappers) {
-      if (w->calls() != 0) {
-        return fail("P4 backward", "the unwrapped run went through a " + w->kind_name());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      reset_calls(built);
+      const auto run = step(unwrapped.root, built.original, inputs[i]);
+      for (const auto& w : built.wrappers) {
+        if (w->calls() != 0) {
+          return fail("P4 backward", "the unwrapped run went through a " + w->kind_name());
+        }
       }
-    }
-    if (!run.first.equal(expected.first)) {
-      return fail("P4 backward", "the unwrapped model's output differs from the model's");
-    }
-    if (!same_grads(run.second, expected.second, 0.0, where)) {
-      return fail("P4 backward", "a gradient of the unwrapped model differs",
-                  built.original.keys()[where]);
+      if (!same_grads(run.second, expected[i].second, 0.0, where)) {
+        return fail("P4 backward", "a gradient of the unwrapped model differs" + batch(inputs[i]),
+                    built.original.keys()[where]);
+      }
+      if (!run.first.equal(expected[i].first)) {
+        return fail("P4 backward",
+                    "the unwrapped model's output differs from the model's" + batch(inputs[i]));
+      }
     }
     return pass("P4 backward");
   });

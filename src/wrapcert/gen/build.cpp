@@ -339,9 +339,10 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
   return built;
 }
 
-torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed) {
+torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed,
+                           int64_t batch) {
   torch::manual_seed(seed + 7919);
-  return torch::randn({2, spec.dim}, torch::TensorOptions().dtype(dtype));
+  return torch::randn({batch, spec.dim}, torch::TensorOptions().dtype(dtype));
 }
 
 SpecStats stats(const TreeSpec& spec) {

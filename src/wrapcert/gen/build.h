@@ -34,7 +34,8 @@ struct Built {
 
 Built build(const TreeSpec& spec, const BuildOptions& options = {});
 
-/// A batch the built model accepts: (2, dim) values in `dtype`.
-torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed = 0);
+/// A batch the built model accepts: (batch, dim) values in `dtype`.
+torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed = 0,
+                           int64_t batch = 2);
 
 }  // namespace wrapcert::gen
