@@ -495,8 +495,27 @@ Report certify(const Options& options, const Listener& listener) {
   return report;
 }
 
+namespace {
+
+/// Registers a kind in the global registry for one certification run, and puts the registry
+/// back as it was when the run ends: no run changes the kinds the next one draws from.
+class ScopedRegistration {
+ public:
+  explicit ScopedRegistration(const WrapperKind& kind) : saved_(Registry::global()) {
+    if (!Registry::global().contains(kind.name)) Registry::global().add(kind);
+  }
+  ~ScopedRegistration() { Registry::global() = std::move(saved_); }
+  ScopedRegistration(const ScopedRegistration&) = delete;
+  ScopedRegistration& operator=(const ScopedRegistration&) = delete;
+
+ private:
+  Registry saved_;
+};
+
+}  // namespace
+
 Report certify(const WrapperKind& registration, Options options, const Listener& listener) {
-  if (!Registry::global().contains(registration.name)) Registry::global().add(registration);
+  const ScopedRegistration scope(registration);
   options.kinds = {registration.name};
   return certify(options, listener);
 }

@@ -1,8 +1,8 @@
 #pragma once
 /// Certification of wrapper kinds against P1-P13, for authors of new wrappers.
 ///
-///   wrapcert::Registry::global().add(wrapcert::wrapper_kind<MyShardImpl>("MyShard", "_sharded"));
-///   auto report = wrapcert::certify::certify({"MyShard"});
+///   auto report = wrapcert::certify::certify(
+///       wrapcert::wrapper_kind<MyShardImpl>("MyShard", "_sharded"));
 ///   std::cout << wrapcert::certify::to_markdown(report);
 ///   return report.passed() ? 0 : 1;
 ///
@@ -67,7 +67,9 @@ struct Report {
 /// kinds) and on the fixtures, each check in its own child process unless `isolate` is off.
 /// Throws `Error` for an unknown kind, fixture or bad option.
 Report certify(const Options& options, const Listener& listener = nullptr);
-/// Registers `registration` in the global registry if its name is new, then certifies it.
+/// Certifies `registration`, registered for this run alone (unless a kind of its name is
+/// registered already): the global registry is as it was when the call returns, so no
+/// certification depends on what ran before it.
 Report certify(const WrapperKind& registration, Options options = {},
                const Listener& listener = nullptr);
 

@@ -93,6 +93,18 @@ TEST(Certify, CertifiesACorrectNewKind) {
   EXPECT_EQ(report.count(Status::kFailed), 0u);
 }
 
+TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
+  const auto before = Registry::global().names();
+  const auto loud = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  EXPECT_FALSE(loud.passed());
+  EXPECT_EQ(Registry::global().names(), before);
+  // The correct kind is certified after the faulty one exactly as on its own: the faulty kind
+  // is not drawn into its trees.
+  const auto relay = certify(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  EXPECT_TRUE(relay.passed()) << to_markdown(relay);
+  EXPECT_EQ(Registry::global().names(), before);
+}
+
 TEST(Certify, RejectsAFaultyKindWithACounterexample) {
   const auto report = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
   ASSERT_FALSE(report.passed());
