@@ -1,10 +1,12 @@
 # `cmake --install` + `find_package(wrapcert)` for consumers, with namespaced targets:
-# wrapcert::core, wrapcert::fixtures, wrapcert::gen, wrapcert::certify, and the CLI.
+# wrapcert::core, wrapcert::fixtures, wrapcert::gen, wrapcert::certify, wrapcert::plugin (what
+# a MODULE library of wrapper kinds builds against), and the CLI.
 include(CMakePackageConfigHelpers)
 
 set(WRAPCERT_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/wrapcert")
 
-set(_wrapcert_targets wrapcert_core wrapcert_fixtures wrapcert_gen wrapcert_certify)
+set(_wrapcert_targets wrapcert_core wrapcert_fixtures wrapcert_gen wrapcert_certify
+                      wrapcert_plugin)
 if(TARGET wrapcert_cli)
   list(APPEND _wrapcert_targets wrapcert_cli)
 endif()

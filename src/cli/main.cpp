@@ -6,6 +6,7 @@
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/demo.h>
 #include <wrapcert/hardware.h>
+#include <wrapcert/plugin.h>
 #include <wrapcert/safetensors.h>
 #include <wrapcert/wrapcert.h>
 
@@ -322,11 +323,25 @@ struct CertifyOptions {
   std::string json;
   std::string junit;
   bool quiet = false;
+  std::vector<std::string> plugins;
   int timeout = wrapcert::certify::Options{}.timeout_seconds;
   bool in_process = false;
 };
 
 int run_certify(const CertifyOptions& o) {
+  for (const auto& plugin : o.plugins) {
+    std::cout << "plugin " << plugin << ":";
+    for (const auto& name : wrapcert::load_plugin(plugin)) std::cout << " " << name;
+    std::cout << std::endl;
+  }
+  for (const auto& kind : o.wrappers) {
+    if (!wrapcert::Registry::global().contains(kind)) {
+      std::string known;
+      for (const auto& name : wrapcert::Registry::global().names()) known += " " + name;
+      throw CLI::ValidationError("--wrappers", "unknown wrapper kind '" + kind + "' (known:" +
+                                                   known + "; a plugin's kinds need --plugin)");
+    }
+  }
   wrapcert::certify::Options options;
   options.kinds = o.wrappers;
   options.fixtures = o.fixtures;
@@ -437,9 +452,16 @@ int main(int argc, char** argv) {
   CertifyOptions certify;
   auto* certify_cmd = app.add_subcommand(
       "certify", "Certify wrapper kinds against P1-P13 on generated trees and the fixtures");
-  std::vector<std::string> kind_names = wrapcert::Registry::global().names();
-  certify_cmd->add_option("--wrappers", certify.wrappers, "wrapper kinds (default: all)")
-      ->check(CLI::IsMember(kind_names));
+  std::string builtin_names;
+  for (const auto& name : wrapcert::Registry::global().names()) {
+    builtin_names += (builtin_names.empty() ? "" : ", ") + name;
+  }
+  certify_cmd->add_option(
+      "--wrappers", certify.wrappers,
+      "wrapper kinds (default: all; built in: " + builtin_names + "; more from --plugin)");
+  certify_cmd->add_option("--plugin", certify.plugins,
+                          "a shared library of wrapper kinds (WRAPCERT_PLUGIN in "
+                          "<wrapcert/plugin.h>) to load first; repeatable");
   certify_cmd->add_option("--fixtures", certify.fixtures, "fixtures")
       ->check(CLI::IsMember(fixture_names));
   certify_cmd->add_option("--subject", certify.subject, "unwrap subject")

@@ -93,8 +93,9 @@ Entry run_generated(const std::string& kind, const GeneratedProperty& property,
   Entry entry = new_entry(kind, property.name, "generated trees");
   const auto start = Clock::now();
   gen::GenOptions g;
-  // The certified kind is drawn as often as all built-in kinds together.
-  g.kinds = Registry::global().names();
+  // The certified kind is drawn as often as all built-in kinds together; other kinds the
+  // process registered (a plugin's siblings) are not drawn.
+  g.kinds = Registry::with_builtins().names();
   const size_t others = g.kinds.size();
   for (size_t i = 0; i < others; ++i) g.kinds.push_back(kind);
   property.adjust(g);
