@@ -60,7 +60,7 @@ struct GeneratedProperty {
   std::function<void(gen::GenOptions&)> adjust;
 };
 
-std::vector<GeneratedProperty> generated_properties() {
+std::vector<GeneratedProperty> generated_properties(const props::Translator& translator) {
   auto none = [](gen::GenOptions&) {};
   return {
       {"P1 keys", props::keys, none},
@@ -71,8 +71,8 @@ std::vector<GeneratedProperty> generated_properties() {
       {"P6 laws", props::laws, none},
       {"P7 legacy", props::legacy_agreement, [](gen::GenOptions& o) { o.root_chain_only = true; }},
       {"P8 translation",
-       [](const gen::TreeSpec& s, const props::UnwrapSubject&) {
-         return props::translation(s, props::reference_translator());
+       [translator](const gen::TreeSpec& s, const props::UnwrapSubject&) {
+         return props::translation(s, translator);
        },
        none},
       {"P9 no false positives", props::no_false_positives,
@@ -402,9 +402,14 @@ Entry run_isolated(const Entry& blank, const Options& options,
 
 /// The command line that runs the check of `entry` again.
 std::string replay_command(const Entry& entry, const Options& options) {
+  if (options.custom_subject) {
+    return "certify() with seed " + std::to_string(options.seed) + ", " +
+           std::to_string(options.cases) + " cases, max size " + std::to_string(options.max_size) +
+           " and the subject '" + options.custom_subject_name + "', for " + entry.kind + " on " +
+           entry.target;
+  }
   std::string out = "wrapcert certify --wrappers " + entry.kind + " --subject " +
-                    std::string(to_string(options.subject)) + " --seed " +
-                    std::to_string(options.seed);
+                    subject_name(options) + " --seed " + std::to_string(options.seed);
   if (entry.target == "generated trees") {
     out += " --cases " + std::to_string(options.cases) + " --max-size " +
            std::to_string(options.max_size);
@@ -415,6 +420,11 @@ std::string replay_command(const Entry& entry, const Options& options) {
 }
 
 }  // namespace
+
+std::string subject_name(const Options& options) {
+  return options.custom_subject ? options.custom_subject_name
+                                : std::string(to_string(options.subject));
+}
 
 const char* to_string(Status status) {
   switch (status) {
@@ -451,7 +461,10 @@ Report certify(const Options& options, const Listener& listener) {
   for (const auto& name : options.fixtures) layouts.push_back(fixtures::config_named(name));
   if (report.options.seed == 0) report.options.seed = std::random_device{}() | 1ULL;
 
-  const auto subject = props::subject(options.subject);
+  const auto subject =
+      options.custom_subject ? options.custom_subject : props::subject(options.subject);
+  const auto translator =
+      options.custom_translator ? options.custom_translator : props::reference_translator();
   const auto& o = report.options;
   // rapidcheck reads RC_PARAMS (and says so) once per process: here, not in every child.
   (void)rc::detail::configuration();
@@ -463,7 +476,7 @@ Report certify(const Options& options, const Listener& listener) {
     report.entries.push_back(std::move(entry));
   };
   for (const auto& kind : o.kinds) {
-    for (const auto& property : generated_properties()) {
+    for (const auto& property : generated_properties(translator)) {
       run(new_entry(kind, property.name, "generated trees"),
           [&] { return run_generated(kind, property, subject, o); });
     }

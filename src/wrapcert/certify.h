@@ -9,6 +9,7 @@
 /// A failed check is an entry in the report (with its shrunk counterexample), never an
 /// exception; misuse (an unknown kind or fixture) is an `Error`.
 
+#include <wrapcert/properties.h>
 #include <wrapcert/registry.h>
 #include <wrapcert/unwrap.h>
 
@@ -25,6 +26,13 @@ struct Options {
   /// Fixtures to run on: full-size ones (on meta) for key properties, tiny ones for P4.
   std::vector<std::string> fixtures = {"gemma-2b", "mistral-7b", "tiny-gemma", "tiny-mistral"};
   Subject subject = Subject::kReference;
+  /// An unwrap function of your own, certified in place of `subject` when set: the kinds wrap
+  /// the generated trees and the fixtures, and it must give the model back.
+  props::UnwrapSubject custom_subject;
+  /// What reports call `custom_subject`.
+  std::string custom_subject_name = "custom";
+  /// A key translator of your own for P8, in place of the reference one.
+  props::Translator custom_translator;
   int cases = 100;     ///< generated cases per property and kind
   int max_size = 100;  ///< rapidcheck's size bound
   uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
@@ -72,6 +80,9 @@ Report certify(const Options& options, const Listener& listener = nullptr);
 /// certification depends on what ran before it.
 Report certify(const WrapperKind& registration, Options options = {},
                const Listener& listener = nullptr);
+
+/// The subject's name in reports: `custom_subject_name`, or the built-in subject's.
+std::string subject_name(const Options& options);
 
 /// One compact table: a row per property and target, a column per kind (pass, FAIL, skip).
 std::string to_summary(const Report& report);

@@ -67,7 +67,7 @@ std::string to_summary(const Report& report) {
     results[row][e.kind] = e.status;
   }
   std::ostringstream out;
-  out << "Certification, " << to_string(report.options.subject)
+  out << "Certification, " << subject_name(report.options)
       << " unwrap: " << report.count(Status::kPassed) << " passed, "
       << report.count(Status::kFailed) << " failed, " << report.count(Status::kSkipped)
       << " skipped (seed " << report.options.seed << ", " << report.options.cases
@@ -96,7 +96,7 @@ std::string to_summary(const Report& report) {
 
 std::string to_markdown(const Report& report) {
   std::ostringstream out;
-  out << "# wrapcert certification (" << to_string(report.options.subject) << " unwrap)\n\n"
+  out << "# wrapcert certification (" << subject_name(report.options) << " unwrap)\n\n"
       << report.count(Status::kPassed) << " passed, " << report.count(Status::kFailed)
       << " failed, " << report.count(Status::kSkipped) << " skipped; seed " << report.options.seed
       << ", " << report.options.cases << " cases per property\n";
@@ -133,7 +133,7 @@ std::string to_json(const Report& report) {
       {"options",
        {{"kinds", report.options.kinds},
         {"fixtures", report.options.fixtures},
-        {"subject", std::string(to_string(report.options.subject))},
+        {"subject", subject_name(report.options)},
         {"cases", report.options.cases},
         {"max_size", report.options.max_size},
         {"isolate", report.options.isolate},

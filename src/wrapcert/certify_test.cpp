@@ -197,6 +197,36 @@ TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {
   EXPECT_TRUE(hung);
 }
 
+TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
+  auto o = quick();
+  o.kinds = {"DistributedDataParallel", "CheckpointWrapper"};
+  o.fixtures = {"gemma-2b"};
+  const auto reference = props::subject(Subject::kReference);
+  o.custom_subject = [reference](const ModulePtr& wrapped) { return reference(wrapped); };
+  o.custom_subject_name = "my_unwrap";
+  EXPECT_TRUE(certify(o).passed());
+  // One that loses the last key of what it would save.
+  o.custom_subject = [reference](const ModulePtr& wrapped) {
+    auto u = reference(wrapped);
+    StateDict kept;
+    for (size_t i = 0; i + 1 < u.state.size(); ++i)
+      kept.insert(u.state[i].key(), u.state[i].value());
+    u.state = std::move(kept);
+    return u;
+  };
+  const auto report = certify(o);
+  ASSERT_FALSE(report.passed());
+  bool keys = false;
+  for (const auto& e : report.entries) {
+    if (e.property == "P1 keys" && e.status == Status::kFailed) keys = true;
+    if (e.status == Status::kFailed) {
+      EXPECT_THAT(e.replay, HasSubstr("the subject 'my_unwrap'"));
+    }
+  }
+  EXPECT_TRUE(keys) << to_markdown(report);
+  EXPECT_THAT(to_markdown(report), HasSubstr("(my_unwrap unwrap)"));
+}
+
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {
   auto o = quick();
   o.kinds = {"FSDP3"};
