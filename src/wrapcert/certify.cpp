@@ -468,7 +468,7 @@ Report certify(const Options& options, const Listener& listener) {
   const auto& o = report.options;
   // rapidcheck reads RC_PARAMS (and says so) once per process: here, not in every child.
   (void)rc::detail::configuration();
-  auto run = [&](Entry blank, const std::function<Entry()>& check) {
+  auto run = [&](const Entry& blank, const std::function<Entry()>& check) {
     if (listener) listener(blank, false);
     Entry entry = o.isolate ? run_isolated(blank, o, check) : check();
     if (entry.status == Status::kFailed) entry.replay = replay_command(entry, o);

@@ -169,6 +169,7 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   if (indexes.size() == 1) return read_index(indexes.front(), options);
   if (shards.empty()) damaged(path, "", "a folder with no checkpoint file and no index");
   std::vector<Checkpoint> parts;
+  parts.reserve(shards.size());
   for (const auto& shard : shards) parts.push_back(read_file(shard, options));
   return merge(std::move(parts), path);
 }

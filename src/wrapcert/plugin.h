@@ -16,7 +16,9 @@
 
 /// The entry point's name, as `dlsym` finds it.
 #define WRAPCERT_PLUGIN_ENTRY "wrapcert_register_kinds"
-/// Defines the entry point; the body adds the library's kinds to `registry`.
+/// Defines the entry point; the body adds the library's kinds to `registry` (the parameter's
+/// name, so it takes no parentheses).
+// NOLINTNEXTLINE(bugprone-macro-parentheses)
 #define WRAPCERT_PLUGIN(registry)                                                 \
   extern "C" __attribute__((visibility("default"))) void wrapcert_register_kinds( \
       ::wrapcert::Registry& registry)
