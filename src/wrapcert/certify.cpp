@@ -1,4 +1,5 @@
 #include <wrapcert/certify.h>
+#include <wrapcert/detail/blame.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
@@ -32,9 +33,12 @@ namespace {
 using props::Verdict;
 using Clock = std::chrono::steady_clock;
 
-/// LibTorch appends a backtrace to its messages; a report wants the message.
+/// Who threw (as noted while the model ran or was built, else the unwrap subject) and the
+/// message's first line: LibTorch appends a backtrace, a report wants the message.
 std::string first_line(const std::string& text) {
-  return "threw: " + text.substr(0, text.find('\n'));
+  const auto who = detail::take_blame();
+  return (who.empty() ? std::string("the subject or the fixture") : who) +
+         " threw: " + text.substr(0, text.find('\n'));
 }
 
 Entry new_entry(const std::string& kind, const std::string& property, const std::string& target) {
@@ -160,6 +164,7 @@ Entry run_layout(const std::string& kind, const fixtures::CausalLMConfig& config
   Entry entry = new_entry(kind, property, config.name);
   const auto start = Clock::now();
   entry.cases = 1;
+  (void)detail::take_blame();
   try {
     auto model = fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype});
     const auto original = state_dict(model);
@@ -203,6 +208,7 @@ Entry run_numerics(const std::string& kind, const fixtures::CausalLMConfig& conf
   Entry entry = new_entry(kind, "P4 backward", config.name);
   const auto start = Clock::now();
   entry.cases = 1;
+  (void)detail::take_blame();
   const auto& descriptor = Registry::global().at(kind);
   auto finish = [&] {
     entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -42,6 +42,16 @@ class BatchOfOneSkipperImpl : public WrapperImpl {
   }
 };
 
+/// Its own code throws on forward.
+class ThrowingRelayImpl : public WrapperImpl {
+ public:
+  explicit ThrowingRelayImpl(ModulePtr inner)
+      : WrapperImpl("ThrowingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor&) override { throw std::runtime_error("shard lost"); }
+};
+
 /// Kills its process on forward, as a wrapper with a memory error would.
 class CrashingRelayImpl : public WrapperImpl {
  public:
@@ -225,6 +235,35 @@ TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
   }
   EXPECT_TRUE(keys) << to_markdown(report);
   EXPECT_THAT(to_markdown(report), HasSubstr("(my_unwrap unwrap)"));
+}
+
+TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
+  auto o = quick();
+  o.fixtures = {"tiny-mistral"};
+  const auto report =
+      certify(wrapper_kind<ThrowingRelayImpl>("ThrowingRelay", "_relayed_module"), o);
+  size_t blamed = 0;
+  for (const auto& e : report.entries) {
+    if (e.property != "P4 backward") continue;
+    EXPECT_EQ(e.status, Status::kFailed);
+    EXPECT_THAT(e.reason, HasSubstr("the wrapper ThrowingRelay threw: shard lost")) << e.target;
+    ++blamed;
+  }
+  EXPECT_EQ(blamed, 2u);  // generated trees and the fixture
+  auto broken = wrapper_kind<RelayImpl>("BrokenMake", "_relayed_module");
+  broken.make = [](ModulePtr) -> ModulePtr { throw std::runtime_error("cannot shard"); };
+  o.fixtures = {};
+  const auto make = certify(broken, o);
+  bool found = false;
+  for (const auto& e : make.entries) {
+    if (e.property == "P1 keys") {
+      found = true;
+      EXPECT_THAT(
+          e.reason,
+          HasSubstr("the wrapper kind BrokenMake (building a wrapper) threw: cannot shard"));
+    }
+  }
+  EXPECT_TRUE(found);
 }
 
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {

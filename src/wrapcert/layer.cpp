@@ -1,4 +1,5 @@
 #include <wrapcert/checkpoint.h>
+#include <wrapcert/detail/blame.h>
 #include <wrapcert/detail/builtin_modules.h>
 #include <wrapcert/detail/marks.h>
 #include <wrapcert/detail/python_names.h>
@@ -65,8 +66,15 @@ torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& in
 }
 
 torch::Tensor call(torch::nn::Module& module, const torch::Tensor& input) {
-  if (is_checkpointed(module)) return checkpointed_call(module, input);
-  return detail::call_direct(module, input);
+  try {
+    if (is_checkpointed(module)) return checkpointed_call(module, input);
+    return detail::call_direct(module, input);
+  } catch (...) {
+    const auto* kind = Registry::global().find(module);
+    detail::note_blame(kind ? "the wrapper " + kind->name
+                            : "the model's " + detail::python_type_name(module));
+    throw;
+  }
 }
 
 torch::Tensor detail::call_direct(torch::nn::Module& module, const torch::Tensor& input) {

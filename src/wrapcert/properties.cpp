@@ -1,3 +1,4 @@
+#include <wrapcert/detail/blame.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/keys.h>
@@ -25,17 +26,23 @@ Verdict skip(const char* property, std::string reason) {
   return Verdict{property, true, true, std::move(reason), {}};
 }
 
-/// Runs `fn`, turning an exception from the subject into a failed verdict.
+/// Runs `fn`, turning an exception into a failed verdict that says who threw: a wrapper, the
+/// model (as `call` and the tree builder noted it), or else the unwrap subject.
 template <typename Fn>
 Verdict guarded(const char* property, Fn&& fn) {
+  (void)detail::take_blame();  // a note from before this property is not its own
+  auto who = [] {
+    const auto blamed = detail::take_blame();
+    return (blamed.empty() ? std::string("the subject") : blamed) + " threw: ";
+  };
   try {
     return fn();
   } catch (const Error& e) {
-    return fail(property, std::string("the subject threw: ") + e.what(), e.key_path());
+    return fail(property, who() + e.what(), e.key_path());
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));  // LibTorch appends a backtrace
-    return fail(property, "the subject threw: " + what);
+    return fail(property, who() + what);
   }
 }
 

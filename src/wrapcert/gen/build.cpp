@@ -1,3 +1,4 @@
+#include <wrapcert/detail/blame.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/layer.h>
@@ -294,7 +295,13 @@ ModulePtr make_wrapper(const std::string& kind, ModulePtr inner) {
     options.flat_parameters = true;
     return std::make_shared<FullyShardedDataParallelImpl>(std::move(inner), options);
   }
-  return Registry::global().at(kind).make(std::move(inner));
+  const auto& descriptor = Registry::global().at(kind);
+  try {
+    return descriptor.make(std::move(inner));
+  } catch (...) {
+    detail::note_blame("the wrapper kind " + kind + " (building a wrapper)");
+    throw;
+  }
 }
 
 }  // namespace
