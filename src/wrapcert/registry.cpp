@@ -2,6 +2,8 @@
 #include <wrapcert/registry.h>
 #include <wrapcert/wrappers.h>
 
+#include <algorithm>
+
 namespace wrapcert {
 
 ModulePtr find_child(const torch::nn::Module& module, const std::string& name) {
@@ -16,6 +18,41 @@ ModulePtr WrapperKind::inner_of(const torch::nn::Module& wrapper, const std::str
     throw Error(ErrorCode::kEmptySlot, path, name + " has no module in its slot '" + slot + "'");
   }
   return result;
+}
+
+ModulePtr WrapperKind::alias_of(const torch::nn::Module& wrapper, const std::string& alias,
+                                const std::string& path) const {
+  ModulePtr result = alias_target ? alias_target(wrapper, alias) : find_child(wrapper, alias);
+  if (!result && !alias_target) result = inner_of(wrapper, path);
+  if (!result) {
+    throw Error(ErrorCode::kEmptySlot, path, name + "'s alias '" + alias + "' reaches no module");
+  }
+  return result;
+}
+
+bool WrapperKind::owns(const std::string& state_name) const {
+  return std::find(owned_state.begin(), owned_state.end(), state_name) != owned_state.end();
+}
+
+std::string KindRef::name() const {
+  return mode ? kind->name + "[" + mode->name + "]" : kind->name;
+}
+
+ModulePtr KindRef::make(ModulePtr inner) const {
+  return mode ? mode->make(std::move(inner)) : kind->make(std::move(inner));
+}
+
+Numerics KindRef::numerics() const {
+  return mode ? mode->numerics : kind->numerics;
+}
+
+WrapperKind KindRef::descriptor() const {
+  WrapperKind copy = *kind;
+  if (mode) {
+    copy.make = mode->make;
+    copy.numerics = mode->numerics;
+  }
+  return copy;
 }
 
 Registry& Registry::global() {
@@ -33,6 +70,18 @@ void Registry::add(WrapperKind kind) {
   if (kind.name.empty() || kind.slot.empty()) {
     throw Error(ErrorCode::kInvalidArgument, kind.slot,
                 "a wrapper kind needs a name and a slot (name '" + kind.name + "')");
+  }
+  if (kind.name.find_first_of("[]") != std::string::npos) {
+    throw Error(
+        ErrorCode::kInvalidArgument, kind.slot,
+        "a wrapper kind's name cannot contain brackets ('" + kind.name + "'); they name its modes");
+  }
+  for (const auto& mode : kind.modes) {
+    if (mode.name.empty() || mode.name.find_first_of("[]") != std::string::npos || !mode.make) {
+      throw Error(ErrorCode::kInvalidArgument, kind.slot,
+                  "wrapper kind '" + kind.name + "' has a mode without a name or a make ('" +
+                      mode.name + "')");
+    }
   }
   if (by_name_.count(kind.name) != 0) {
     throw Error(ErrorCode::kDuplicateKind, kind.slot,
@@ -71,11 +120,40 @@ const WrapperKind& Registry::at(std::string_view name) const {
   return kinds_[it->second];
 }
 
+KindRef Registry::resolve(std::string_view name) const {
+  const auto open = name.find('[');
+  if (open == std::string_view::npos || name.back() != ']') return KindRef{&at(name), nullptr};
+  const auto& kind = at(name.substr(0, open));
+  const auto mode = name.substr(open + 1, name.size() - open - 2);
+  for (const auto& m : kind.modes) {
+    if (m.name == mode) return KindRef{&kind, &m};
+  }
+  throw Error(ErrorCode::kUnknownWrapper, "",
+              "wrapper kind '" + kind.name + "' has no mode '" + std::string(mode) + "'");
+}
+
+std::vector<std::string> Registry::names_with_modes() const {
+  std::vector<std::string> out;
+  for (const auto& kind : kinds_) {
+    out.push_back(kind.name);
+    for (const auto& mode : kind.modes) out.push_back(kind.name + "[" + mode.name + "]");
+  }
+  return out;
+}
+
 std::vector<std::string> Registry::names() const {
   std::vector<std::string> names;
   names.reserve(kinds_.size());
   for (const auto& kind : kinds_) names.push_back(kind.name);
   return names;
+}
+
+ScopedRegistration::ScopedRegistration(const WrapperKind& kind) : saved_(Registry::global()) {
+  if (!Registry::global().contains(kind.name)) Registry::global().add(kind);
+}
+
+ScopedRegistration::~ScopedRegistration() {
+  Registry::global() = std::move(saved_);
 }
 
 }  // namespace wrapcert

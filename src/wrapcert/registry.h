@@ -6,7 +6,9 @@
 ///   auto model = wrapcert::wrap(model, "layers.0", "MyShard");
 ///
 /// A descriptor says where the inner module sits (`slot`), what else reaches it (`aliases`,
-/// attribute forwarding), and how to get it back (`inner`, `release`).
+/// attribute forwarding), what it holds besides (`owned_state`), and how to get the inner module
+/// back (`inner`, `release`). Certification checks each of these declarations; none is taken on
+/// faith.
 
 #include <torch/nn/module.h>
 
@@ -30,6 +32,14 @@ enum class Numerics {
 
 using ModulePtr = std::shared_ptr<torch::nn::Module>;
 
+/// Another way to build wrappers of a kind, certified on its own as `Kind[mode]`
+/// (`FullyShardedDataParallel[flat]`: `use_orig_params=False`, flat parameters).
+struct WrapperMode {
+  std::string name;
+  std::function<ModulePtr(ModulePtr inner)> make;
+  Numerics numerics = Numerics::kBitwise;
+};
+
 struct WrapperKind {
   WrapperKind(std::string name, std::type_index type, std::string slot)
       : name(std::move(name)), type(type), slot(std::move(slot)) {}
@@ -42,10 +52,15 @@ struct WrapperKind {
   std::string slot;
   /// Other attribute names that reach the inner module (FSDPv2's `module` property).
   std::vector<std::string> aliases;
+  /// What the attribute `alias` reaches on `wrapper`, as the real wrapper's property computes
+  /// it. Default: the child registered under that name, else the module at the slot.
+  std::function<ModulePtr(const torch::nn::Module& wrapper, const std::string& alias)> alias_target;
   /// Attribute access on the wrapper falls through to the inner module (`torch.compile`).
   bool forwards_attributes = false;
-  /// The wrapper holds parameters, buffers or children of its own besides the slot.
-  bool owns_state = false;
+  /// The names of the parameters, buffers and children the wrapper holds besides its slot
+  /// (`_flat_param`). Anything else it holds is an error when unwrapping; none of it may be the
+  /// model's own module or tensor.
+  std::vector<std::string> owned_state;
   /// The real wrapper's `state_dict()` leaves its slot out of the keys (torch's
   /// `CheckpointWrapper` strips `_checkpoint_wrapped_module.` with a state-dict hook), though
   /// `named_parameters()` shows it.
@@ -57,12 +72,33 @@ struct WrapperKind {
   std::function<ModulePtr(ModulePtr inner)> make;
   /// The inner module, without changing anything. Default: the child registered at `slot`.
   std::function<ModulePtr(const torch::nn::Module& wrapper)> inner;
-  /// Gives the inner module back its own state (flat parameters restored) and returns it; for
-  /// kinds that own state. Null: nothing to release.
+  /// Gives the inner module back its own state (flat parameters restored) and returns it: the
+  /// very module in the slot, which stays there (the wrapper still runs, passing calls
+  /// through). For kinds that own state. Null: nothing to release.
   std::function<ModulePtr(torch::nn::Module& wrapper)> release;
+  /// Other ways to build it (`modes[i].name` names it `Kind[mode]`).
+  std::vector<WrapperMode> modes;
 
   /// Resolves `inner`, throwing `Error` (kEmptySlot) with `path` when the slot is empty.
   ModulePtr inner_of(const torch::nn::Module& wrapper, const std::string& path) const;
+  /// Resolves `alias_target` (or its default) for `alias`, throwing `Error` (kEmptySlot) with
+  /// `path` when it reaches nothing.
+  ModulePtr alias_of(const torch::nn::Module& wrapper, const std::string& alias,
+                     const std::string& path) const;
+  /// Whether `name` is declared in `owned_state`.
+  bool owns(const std::string& name) const;
+};
+
+/// A kind, or one of its modes, as named in a certification (`Kind` or `Kind[mode]`).
+struct KindRef {
+  const WrapperKind* kind = nullptr;
+  const WrapperMode* mode = nullptr;  ///< null: the kind's own `make`
+
+  std::string name() const;
+  ModulePtr make(ModulePtr inner) const;
+  Numerics numerics() const;
+  /// The kind's descriptor with the mode's `make` and `numerics` (for `auto_wrap`).
+  WrapperKind descriptor() const;
 };
 
 /// A descriptor for wrapper type `W`, constructible from the inner module, with defaults.
@@ -92,14 +128,34 @@ class Registry {
   /// The kind called `name`; throws `Error` (kUnknownWrapper) listing the known names.
   const WrapperKind& at(std::string_view name) const;
   bool contains(std::string_view name) const;
+  /// The kind or mode called `name` (`Kind` or `Kind[mode]`); throws `Error` (kUnknownWrapper)
+  /// listing the known names.
+  KindRef resolve(std::string_view name) const;
 
   const std::vector<WrapperKind>& kinds() const { return kinds_; }
   std::vector<std::string> names() const;
+  /// Every kind's name, each followed by its modes' `Kind[mode]` names: what certification
+  /// covers by default.
+  std::vector<std::string> names_with_modes() const;
 
  private:
   std::vector<WrapperKind> kinds_;
   std::unordered_map<std::type_index, size_t> by_type_;
   std::unordered_map<std::string, size_t> by_name_;
+};
+
+/// Registers `kind` in the global registry for the scope's lifetime (unless a kind of its name is
+/// registered already) and puts the registry back as it was when the scope ends, so that what
+/// one run registers never reaches the next.
+class ScopedRegistration {
+ public:
+  explicit ScopedRegistration(const WrapperKind& kind);
+  ~ScopedRegistration();
+  ScopedRegistration(const ScopedRegistration&) = delete;
+  ScopedRegistration& operator=(const ScopedRegistration&) = delete;
+
+ private:
+  Registry saved_;
 };
 
 }  // namespace wrapcert

@@ -1,8 +1,10 @@
+#include <wrapcert/detail/blame.h>
 #include <wrapcert/detail/path.h>
 #include <wrapcert/error.h>
 #include <wrapcert/unwrap.h>
 #include <wrapcert/wrap.h>
 
+#include <unordered_map>
 #include <unordered_set>
 
 namespace wrapcert {
@@ -19,7 +21,7 @@ ModulePtr module_attribute(ModulePtr m, const Registry& registry, const std::str
     const WrapperKind* kind = registry.find(*m);
     if (!kind) return nullptr;
     for (const auto& alias : kind->aliases) {
-      if (alias == "module") return kind->inner_of(*m, path);
+      if (alias == "module") return kind->alias_of(*m, alias, path);
     }
     if (!kind->forwards_attributes) return nullptr;
     m = kind->inner_of(*m, path);  // `__getattr__` falls through to the inner module
@@ -123,6 +125,38 @@ ModuleView unwrap(Subject subject, const ModulePtr& root, const Registry& regist
       return unwrap_reference(root, registry);
   }
   throw Error(ErrorCode::kInvalidArgument, "", "unknown unwrap subject");
+}
+
+ModulePtr release_wrappers(const ModulePtr& root, const Registry& registry) {
+  const ModuleView view = unwrap_reference(root, registry);          // validates before any release
+  std::unordered_map<const torch::nn::Module*, ModulePtr> released;  // a shared wrapper once
+  auto strip = [&](ModulePtr m, const std::string& path) {
+    while (const WrapperKind* kind = registry.find(*m)) {
+      auto& done = released[m.get()];
+      if (!done) {
+        try {
+          done = kind->release ? kind->release(*m) : kind->inner_of(*m, path);
+        } catch (...) {
+          detail::note_blame("the wrapper kind " + kind->name + " (releasing at '" + path + "')");
+          throw;
+        }
+        if (!done) {
+          throw Error(ErrorCode::kEmptySlot, path, kind->name + "'s release returned no module");
+        }
+      }
+      m = done;
+    }
+    return m;
+  };
+  auto new_root = strip(root, "");
+  for (size_t i = 0; i < view.size(); ++i) {
+    const auto& node = view.node(i);
+    for (const auto& edge : node.children) {
+      if (edge.via.empty()) continue;
+      replace_child(*node.module, edge.name, strip(find_child(*node.module, edge.name), edge.name));
+    }
+  }
+  return new_root;
 }
 
 ScopedUnwrap::ScopedUnwrap(const ModulePtr& root, const Registry& registry) {

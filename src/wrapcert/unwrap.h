@@ -63,6 +63,13 @@ ModuleView unwrap_reference(const ModulePtr& root, const Registry& registry = Re
 ModuleView unwrap(Subject subject, const ModulePtr& root,
                   const Registry& registry = Registry::global());
 
+/// A permanent unwrap, as a trainer does before saving for good: every wrapper of a registered
+/// kind is released (`WrapperKind::release`, flat parameters restored; else its `inner`) and
+/// its parent holds what the release returned instead. Returns the new root. The wrappers still
+/// hold their inner modules and pass calls through. Throws like `unwrap_reference` on a cycle,
+/// an empty slot or undeclared wrapper state, before anything is released.
+ModulePtr release_wrappers(const ModulePtr& root, const Registry& registry = Registry::global());
+
 /// Rewires the model in place so that no wrapper of a registered kind is on any path, and
 /// restores every rewired parent exactly when the scope ends, also when leaving by exception.
 /// While the scope lives, run `root()`: the wrapped root's own chain is left as it was.

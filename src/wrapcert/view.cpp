@@ -20,16 +20,18 @@ struct StrayState {
   std::string what;  ///< "parameter", "buffer" or "child"
 };
 
-/// A wrapper of a kind that declares no state of its own must hold nothing but its slot.
+/// What a wrapper holds besides its slot that its kind does not declare in `owned_state`.
 std::optional<StrayState> stray_state(const torch::nn::Module& wrapper, const WrapperKind& kind) {
   for (const auto& item : wrapper.named_parameters(/*recurse=*/false)) {
-    if (item.value().defined()) return StrayState{item.key(), "parameter"};
+    if (item.value().defined() && !kind.owns(item.key())) {
+      return StrayState{item.key(), "parameter"};
+    }
   }
   for (const auto& item : wrapper.named_buffers(/*recurse=*/false)) {
-    if (item.value().defined()) return StrayState{item.key(), "buffer"};
+    if (item.value().defined() && !kind.owns(item.key())) return StrayState{item.key(), "buffer"};
   }
   for (const auto& item : wrapper.named_children()) {
-    if (item.key() != kind.slot) return StrayState{item.key(), "child"};
+    if (item.key() != kind.slot && !kind.owns(item.key())) return StrayState{item.key(), "child"};
   }
   return std::nullopt;
 }
@@ -87,10 +89,10 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
       }
       const WrapperKind* kind = see_through ? see_through(*module) : nullptr;
       if (!kind) return module;
-      if (auto stray = kind->owns_state ? std::nullopt : stray_state(*module, *kind)) {
+      if (auto stray = stray_state(*module, *kind)) {
         throw Error(ErrorCode::kWrapperState, join_path(path_of(stack.size(), edge), stray->name),
                     kind->name + " holds a " + stray->what + " outside its slot '" + kind->slot +
-                        "', and its kind does not declare state of its own");
+                        "', and its kind does not declare it as state of its own");
       }
       on_path.emplace(module.get(), stack.size());
       marked.push_back(module.get());

@@ -4,9 +4,6 @@
 #include <wrapcert/error.h>
 #include <wrapcert/wrappers.h>
 
-#include <unordered_map>
-#include <unordered_set>
-
 namespace wrapcert {
 
 WrapperImpl::WrapperImpl(std::string kind_name, std::string slot, ModulePtr inner)
@@ -61,91 +58,23 @@ torch::Tensor Fp32OutputWrapperImpl::run(const torch::Tensor& input) {
 
 FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(ModulePtr inner, FsdpOptions options)
     : WrapperImpl("FullyShardedDataParallel", "_fsdp_wrapped_module", std::move(inner)) {
-  if (options.flat_parameters) flatten();
-}
-
-namespace {
-constexpr const char* kFlatParam = "_flat_param";
-}  // namespace
-
-void FullyShardedDataParallelImpl::flatten() {
-  // The subtree's modules, each once, not entering a nested FSDP (it flattens its own).
-  std::vector<ModulePtr> modules;
-  std::unordered_set<const torch::nn::Module*> seen;
-  std::vector<ModulePtr> stack{inner()};
-  while (!stack.empty()) {
-    auto m = std::move(stack.back());
-    stack.pop_back();
-    if (!seen.insert(m.get()).second) continue;
-    modules.push_back(m);
-    const auto children = m->named_children();
-    for (size_t i = children.size(); i-- > 0;) {
-      if (!dynamic_cast<FullyShardedDataParallelImpl*>(children[i].value().get())) {
-        stack.push_back(children[i].value());
-      }
-    }
-  }
-  std::unordered_map<const void*, int64_t> offsets;  // a tied parameter is stored once
-  std::vector<torch::Tensor> pieces;
-  int64_t size = 0;
-  for (const auto& m : modules) {
-    std::vector<std::pair<std::string, torch::Tensor>> held;
-    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
-      if (!p.value().defined()) continue;
-      const auto& t = p.value();
-      if (!pieces.empty() && (t.scalar_type() != pieces.front().scalar_type() ||
-                              t.device() != pieces.front().device())) {
-        throw Error(ErrorCode::kInvalidArgument, p.key(),
-                    "flat parameters need one dtype and device for the whole subtree");
-      }
-      auto [it, fresh] = offsets.emplace(t.unsafeGetTensorImpl(), size);
-      if (fresh) {
-        pieces.push_back(t.detach().reshape(-1));
-        size += t.numel();
-      }
-      slots_.push_back(Slot{m, p.key(), t, it->second});
-      held.emplace_back(p.key(), t);
-    }
-    if (held.empty()) continue;
-    for (const auto& [name, tensor] : held) detail::erase_parameter(*m, name);
-    detail::hold_parameters(m, std::move(held));
-  }
-  if (slots_.empty()) return;
-  auto flat = register_parameter(kFlatParam, torch::cat(pieces));
-  // The originals now alias the flat storage, so their values follow it and release is exact.
-  torch::NoGradGuard no_grad;
-  for (auto& slot : slots_) {
-    slot.original.set_data(
-        flat.detach().narrow(0, slot.offset, slot.original.numel()).view(slot.original.sizes()));
+  if (options.flat_parameters) {
+    // A nested FullyShardedDataParallel flattens its own subtree.
+    flat_.take(*this, "_flat_param", this->inner(), [](const torch::nn::Module& m) {
+      return dynamic_cast<const FullyShardedDataParallelImpl*>(&m) != nullptr;
+    });
   }
 }
 
 ModulePtr FullyShardedDataParallelImpl::release() {
-  for (const auto& slot : slots_) {
-    detail::insert_parameter(*slot.owner, slot.name, slot.original);
-    detail::drop_held_parameters(*slot.owner);
-  }
-  if (!slots_.empty()) detail::erase_parameter(*this, kFlatParam);
-  slots_.clear();
+  flat_.restore();
   return inner();
 }
 
 torch::Tensor FullyShardedDataParallelImpl::run(const torch::Tensor& input) {
-  if (slots_.empty()) return call(*inner(), input);
   // Unshard: views of the flat parameter stand in for the originals during this forward, so
   // gradients reach the flat parameter; reshard afterwards, also on an exception.
-  const auto flat = named_parameters(/*recurse=*/false)[kFlatParam];
-  for (const auto& slot : slots_) {
-    detail::insert_parameter(
-        *slot.owner, slot.name,
-        flat.narrow(0, slot.offset, slot.original.numel()).view(slot.original.sizes()));
-  }
-  struct Reshard {
-    const std::vector<Slot>& slots;
-    ~Reshard() {
-      for (const auto& slot : slots) detail::erase_parameter(*slot.owner, slot.name);
-    }
-  } reshard{slots_};
+  const auto unsharded = flat_.unshard();
   return call(*inner(), input);
 }
 
@@ -169,12 +98,21 @@ void register_builtin_wrappers(Registry& registry) {
   registry.add(distributed_data_parallel_kind());
   auto fsdp = wrapper_kind<FullyShardedDataParallelImpl>("FullyShardedDataParallel",
                                                          "_fsdp_wrapped_module");
-  fsdp.aliases = {"module"};        // FullyShardedDataParallel.module property
-  fsdp.forwards_attributes = true;  // and __getattr__ falls through to the wrapped module
-  fsdp.owns_state = true;           // `_flat_param` in flat mode
+  fsdp.aliases = {"module"};           // FullyShardedDataParallel.module property
+  fsdp.forwards_attributes = true;     // and __getattr__ falls through to the wrapped module
+  fsdp.owned_state = {"_flat_param"};  // in flat mode
   fsdp.release = [](torch::nn::Module& wrapper) {
     return dynamic_cast<FullyShardedDataParallelImpl&>(wrapper).release();
   };
+  // `use_orig_params=False`: one flat parameter per wrapper, the originals back on release.
+  FsdpOptions flat;
+  flat.flat_parameters = true;
+  fsdp.modes.push_back(WrapperMode{"flat",
+                                   [flat](ModulePtr inner) -> ModulePtr {
+                                     return std::make_shared<FullyShardedDataParallelImpl>(
+                                         std::move(inner), flat);
+                                   },
+                                   Numerics::kNeedsRelease});
   registry.add(std::move(fsdp));
   auto fsdp_v2 = wrapper_kind<SpmdFullyShardedDataParallelImpl>("SpmdFullyShardedDataParallel",
                                                                 "_orig_module");

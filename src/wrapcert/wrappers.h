@@ -5,9 +5,10 @@
 ///   auto wrapped = std::make_shared<wrapcert::SpmdFullyShardedDataParallelImpl>(model);
 ///   wrapped->forward(x);   // runs model through the wrapper; wrapped->calls() == 1
 ///
-/// For now each kind passes the call through and counts it; gradient all-reduce, flat
-/// parameters and recomputation belong to the wrapper zoo.
+/// Each kind counts its calls; DDP all-reduces gradients (`distributed.h`), FSDP can hold flat
+/// parameters (`flat_parameters.h`), CheckpointWrapper recomputes activations in backward.
 
+#include <wrapcert/flat_parameters.h>
 #include <wrapcert/layer.h>
 #include <wrapcert/registry.h>
 
@@ -125,7 +126,7 @@ class FullyShardedDataParallelImpl final : public WrapperImpl {
   ModulePtr module() const;
 
   /// Holds a flat parameter now (flat mode, not yet released).
-  bool flat() const { return !slots_.empty(); }
+  bool flat() const { return flat_.holding(); }
   /// Gives every inner module its original parameters back, the very tensors it had, holding
   /// the flat parameter's current values; drops the flat parameter. Afterwards the wrapper
   /// passes calls through. Returns the inner module. A no-op without a flat parameter.
@@ -135,15 +136,7 @@ class FullyShardedDataParallelImpl final : public WrapperImpl {
   torch::Tensor run(const torch::Tensor& input) override;
 
  private:
-  struct Slot {
-    ModulePtr owner;
-    std::string name;
-    torch::Tensor original;
-    int64_t offset;  // into the flat parameter
-  };
-  void flatten();
-
-  std::vector<Slot> slots_;
+  FlatParameters flat_;
 };
 
 /// Adds the built-in kinds to `registry`.

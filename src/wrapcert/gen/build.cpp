@@ -289,17 +289,11 @@ struct Builder {
   }
 };
 
-ModulePtr make_wrapper(const std::string& kind, ModulePtr inner) {
-  if (kind == kFlatFsdp) {
-    FsdpOptions options;
-    options.flat_parameters = true;
-    return std::make_shared<FullyShardedDataParallelImpl>(std::move(inner), options);
-  }
-  const auto& descriptor = Registry::global().at(kind);
+ModulePtr make_wrapper(const KindRef& kind, ModulePtr inner) {
   try {
-    return descriptor.make(std::move(inner));
+    return kind.make(std::move(inner));
   } catch (...) {
-    detail::note_blame("the wrapper kind " + kind + " (building a wrapper)");
+    detail::note_blame("the wrapper kind " + kind.name() + " (building a wrapper)");
     throw;
   }
 }
@@ -323,8 +317,9 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
   // still to be wrapped; the root's own stack goes on last.
   for (const auto& [path, kinds] : builder.wraps) {
     for (const auto& kind : kinds) {
+      const auto ref = Registry::global().resolve(kind);
       auto target = module_at(built.root, path);
-      auto wrapper = make_wrapper(kind, target);
+      auto wrapper = make_wrapper(ref, target);
       if (path.empty()) {
         built.root = wrapper;
       } else {
@@ -333,13 +328,17 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
         replace_child(*module_at(built.root, parent), path.substr(dot + 1), wrapper);
       }
       auto w = std::dynamic_pointer_cast<WrapperImpl>(wrapper);
+      if (!w) {
+        throw Error(ErrorCode::kInvalidArgument, path,
+                    "the wrapper kind " + ref.name() +
+                        " makes a module that does not derive from wrapcert::WrapperImpl");
+      }
       built.wrappers.push_back(w);
-      const auto* k = Registry::global().find(*wrapper);
-      if (kind == kFlatFsdp || !k || k->numerics == Numerics::kChangesOutput ||
-          k->numerics == Numerics::kNeedsRelease) {
+      const auto numerics = ref.numerics();
+      if (numerics == Numerics::kChangesOutput || numerics == Numerics::kNeedsRelease) {
         built.bitwise = false;
-      } else if (k->numerics == Numerics::kTolerance) {
-        built.tolerance = std::max(built.tolerance, k->tolerance);
+      } else if (numerics == Numerics::kTolerance) {
+        built.tolerance = std::max(built.tolerance, ref.kind->tolerance);
       }
     }
   }

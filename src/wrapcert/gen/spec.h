@@ -61,7 +61,7 @@ struct SpecStats {
 };
 SpecStats stats(const TreeSpec& spec);
 
-/// Kind name for `FullyShardedDataParallel` in flat-parameter mode (not a registry name).
+/// `FullyShardedDataParallel` in flat-parameter mode: the registry names its mode so.
 inline constexpr const char* kFlatFsdp = "FullyShardedDataParallel[flat]";
 
 }  // namespace wrapcert::gen

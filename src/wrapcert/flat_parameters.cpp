@@ -1,0 +1,105 @@
+#include <wrapcert/detail/marks.h>
+#include <wrapcert/error.h>
+#include <wrapcert/flat_parameters.h>
+#include <wrapcert/layer.h>
+#include <wrapcert/registry.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace wrapcert {
+
+void FlatParameters::take(torch::nn::Module& holder, std::string name,
+                          const std::shared_ptr<torch::nn::Module>& inner,
+                          const std::function<bool(const torch::nn::Module&)>& skip) {
+  if (holding()) {
+    throw Error(ErrorCode::kInvalidArgument, name, "already holds flat parameters");
+  }
+  // The subtree's modules, each once, in pre-order.
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
+  std::unordered_set<const torch::nn::Module*> seen;
+  std::vector<std::shared_ptr<torch::nn::Module>> stack{inner};
+  while (!stack.empty()) {
+    auto m = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(m.get()).second) continue;
+    modules.push_back(m);
+    const auto children = m->named_children();
+    for (size_t i = children.size(); i-- > 0;) {
+      if (!skip || !skip(*children[i].value())) stack.push_back(children[i].value());
+    }
+  }
+  std::unordered_map<const void*, int64_t> offsets;  // a tied parameter is stored once
+  std::vector<torch::Tensor> parts;
+  std::vector<Piece> pieces;
+  int64_t size = 0;
+  for (const auto& m : modules) {
+    std::vector<std::pair<std::string, torch::Tensor>> held;
+    const auto* kind = Registry::global().find(*m);
+    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
+      if (!p.value().defined()) continue;
+      if (kind && kind->owns(p.key())) continue;  // a nested wrapper's own (flat) state
+      const auto& t = p.value();
+      if (!parts.empty() && (t.scalar_type() != parts.front().scalar_type() ||
+                             t.device() != parts.front().device())) {
+        throw Error(ErrorCode::kInvalidArgument, p.key(),
+                    "flat parameters need one dtype and device for the whole subtree");
+      }
+      auto [it, fresh] = offsets.emplace(t.unsafeGetTensorImpl(), size);
+      if (fresh) {
+        parts.push_back(t.detach().reshape(-1));
+        size += t.numel();
+      }
+      pieces.push_back(Piece{m, p.key(), t, it->second});
+      held.emplace_back(p.key(), t);
+    }
+    if (held.empty()) continue;
+    for (const auto& [param, tensor] : held) detail::erase_parameter(*m, param);
+    detail::hold_parameters(m, std::move(held));
+  }
+  if (pieces.empty()) return;
+  auto flat = holder.register_parameter(name, torch::cat(parts));
+  // The originals now alias the flat storage, so their values follow it and restoring is exact.
+  torch::NoGradGuard no_grad;
+  for (auto& piece : pieces) {
+    piece.original.set_data(
+        flat.detach().narrow(0, piece.offset, piece.original.numel()).view(piece.original.sizes()));
+  }
+  holder_ = &holder;
+  name_ = std::move(name);
+  pieces_ = std::move(pieces);
+}
+
+torch::Tensor FlatParameters::flat() const {
+  if (!holding()) throw Error(ErrorCode::kInvalidArgument, "", "holds no flat parameters");
+  return holder_->named_parameters(/*recurse=*/false)[name_];
+}
+
+FlatParameters::Unsharded FlatParameters::unshard() {
+  if (!holding()) return Unsharded(nullptr);
+  const auto whole = flat();
+  for (const auto& piece : pieces_) {
+    detail::insert_parameter(
+        *piece.owner, piece.name,
+        whole.narrow(0, piece.offset, piece.original.numel()).view(piece.original.sizes()));
+  }
+  return Unsharded(&pieces_);
+}
+
+FlatParameters::Unsharded::~Unsharded() {
+  if (!pieces_) return;
+  for (const auto& piece : *pieces_) detail::erase_parameter(*piece.owner, piece.name);
+}
+
+void FlatParameters::restore() {
+  if (!holding()) return;
+  for (const auto& piece : pieces_) {
+    detail::insert_parameter(*piece.owner, piece.name, piece.original);
+    detail::drop_held_parameters(*piece.owner);
+  }
+  detail::erase_parameter(*holder_, name_);
+  pieces_.clear();
+  holder_ = nullptr;
+}
+
+}  // namespace wrapcert
