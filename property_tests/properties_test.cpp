@@ -1,4 +1,4 @@
-// P1-P13 over generated wrapper trees, against the reference unwrap: all must hold.
+// P1-P16 over generated wrapper trees, against the reference unwrap: all must hold.
 // Replay a failure with RC_PARAMS="reproduce=..." as printed; see the README.
 
 #include "property_check.h"
@@ -59,14 +59,34 @@ RC_GTEST_PROP(Reference, P10RoundTrip, ()) {
 RC_GTEST_PROP(Reference, P11GraphSafety, ()) {
   assert_verdict(props::graph_safety(tree(), reference()));
 }
+TEST(Reference, P11DeepChainOfEveryKindAndMode) {
+  const auto kinds = Registry::global().names_with_modes();
+  const auto verdict = props::deep_chain(kinds, reference());
+  EXPECT_TRUE(verdict.passed) << verdict.reason;
+  for (const auto& kind : kinds) {
+    EXPECT_TRUE(props::deep_chain({kind}, reference()).passed) << kind;
+  }
+}
 RC_GTEST_PROP(Reference, P12Order, (uint64_t shuffle_seed)) {
   assert_verdict(props::order(tree(), reference(), shuffle_seed));
 }
-RC_GTEST_PROP(Reference, P13ValuesWithFlatParameters, ()) {
+/// Every built-in kind and mode, flat parameters among them.
+gen::GenOptions every_mode() {
   gen::GenOptions options;
-  options.kinds = Registry::global().names();
-  options.kinds.push_back(gen::kFlatFsdp);
-  assert_verdict(props::values(tree(options), reference()));
+  options.kinds = Registry::global().names_with_modes();
+  return options;
+}
+RC_GTEST_PROP(Reference, P13ValuesWithFlatParameters, ()) {
+  assert_verdict(props::values(tree(every_mode()), reference()));
+}
+RC_GTEST_PROP(Reference, P14Release, ()) {
+  assert_verdict(props::release(tree(every_mode())));
+}
+RC_GTEST_PROP(Reference, P15OwnedState, ()) {
+  assert_verdict(props::owned_state(tree(every_mode())));
+}
+RC_GTEST_PROP(Reference, P16Aliases, ()) {
+  assert_verdict(props::aliases(tree(every_mode())));
 }
 
 }  // namespace

@@ -4,19 +4,26 @@
 #include "faulty_subjects.h"
 #include "property_check.h"
 
+#include <wrapcert/testing/contract_kinds.h>
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <optional>
 
 namespace wrapcert {
 namespace {
 
 using props::UnwrapSubject;
+using namespace wrapcert::testing;  // NOLINT(google-build-using-namespace): the faulty kinds
 
 struct Case {
   std::string name;
   testing::PropertyFn property;
   gen::GenOptions options;
+  /// A faulty wrapper kind registered while the case runs (the contract properties' subject).
+  WrapperKind (*kind)() = nullptr;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -31,6 +38,12 @@ gen::GenOptions plain() {
 gen::GenOptions root_chain() {
   gen::GenOptions o;
   o.root_chain_only = true;
+  return o;
+}
+/// Trees of `kind` mixed with DataParallel.
+gen::GenOptions with_kind(WrapperKind (*kind)()) {
+  gen::GenOptions o;
+  o.kinds = {kind().name, "DataParallel"};
   return o;
 }
 gen::GenOptions with_flat() {
@@ -78,13 +91,32 @@ std::vector<Case> cases() {
        {}},
       {"P13ValuesRejectsDroppedFlatRestoration", with(values, faulty::drops_flat_restoration()),
        with_flat()},
+      {"P14ReleaseRejectsACopyingRelease", release, with_kind(copying_release_kind),
+       copying_release_kind},
+      {"P14ReleaseRejectsAReleaseThatEmptiesTheWrapper", release, with_kind(emptying_release_kind),
+       emptying_release_kind},
+      {"P14ReleaseRejectsASwappedFlatRestoration", release, with_kind(swapped_flat_release_kind),
+       swapped_flat_release_kind},
+      {"P15OwnedStateRejectsASecondRegistration", owned_state, with_kind(second_registration_kind),
+       second_registration_kind},
+      {"P16AliasesRejectsAnAliasToAnotherModule", aliases, with_kind(misdirected_alias_kind),
+       misdirected_alias_kind},
   };
 }
 
 class Rejects : public ::testing::TestWithParam<Case> {};
 
+TEST(Rejects, P11DeepChainRejectsDuckTyped) {
+  const auto verdict =
+      props::deep_chain(Registry::with_builtins().names(), props::subject(Subject::kDuckTyped));
+  EXPECT_FALSE(verdict.passed);
+  EXPECT_THAT(verdict.reason, ::testing::HasSubstr("maximum recursion depth exceeded"));
+}
+
 TEST_P(Rejects, ItsFaultySubjectWithASmallCounterexample) {
   const auto& c = GetParam();
+  std::optional<ScopedRegistration> registered;
+  if (c.kind) registered.emplace(c.kind());
   const auto result = testing::find_rejection(gen::trees(c.options), c.property);
   ASSERT_TRUE(result.rejected) << c.name << " accepted its faulty subject:\n" << result.message;
   std::cout << c.name << ": shrunk to " << result.modules << " modules\n"

@@ -1,7 +1,7 @@
 #pragma once
 // The author's wrappers: a sharding wrapper that keeps the inner module under `_sharded_module`,
 // and a variant with a bug: it keeps a cache buffer of its own that its descriptor does not
-// declare (`owns_state`), so its checkpoints would carry a key the model does not have.
+// declare (`owned_state`), so its checkpoints would carry a key the model does not have.
 
 #include <wrapcert/wrappers.h>
 

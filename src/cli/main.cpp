@@ -335,9 +335,11 @@ int run_certify(const CertifyOptions& o) {
     std::cout << std::endl;
   }
   for (const auto& kind : o.wrappers) {
-    if (!wrapcert::Registry::global().contains(kind)) {
+    try {
+      (void)wrapcert::Registry::global().resolve(kind);
+    } catch (const wrapcert::Error&) {
       std::string known;
-      for (const auto& name : wrapcert::Registry::global().names()) known += " " + name;
+      for (const auto& name : wrapcert::Registry::global().names_with_modes()) known += " " + name;
       throw CLI::ValidationError("--wrappers", "unknown wrapper kind '" + kind + "' (known:" +
                                                    known + "; a plugin's kinds need --plugin)");
     }
@@ -451,9 +453,9 @@ int main(int argc, char** argv) {
 
   CertifyOptions certify;
   auto* certify_cmd = app.add_subcommand(
-      "certify", "Certify wrapper kinds against P1-P13 on generated trees and the fixtures");
+      "certify", "Certify wrapper kinds against P1-P16 on generated trees and the fixtures");
   std::string builtin_names;
-  for (const auto& name : wrapcert::Registry::global().names()) {
+  for (const auto& name : wrapcert::Registry::global().names_with_modes()) {
     builtin_names += (builtin_names.empty() ? "" : ", ") + name;
   }
   certify_cmd->add_option(

@@ -33,6 +33,9 @@ namespace {
 using props::Verdict;
 using Clock = std::chrono::steady_clock;
 
+constexpr const char* kGenerated = "generated trees";
+constexpr const char* kDeepChain = "10,000-deep chain";
+
 /// Who threw (as noted while the model ran or was built, else the unwrap subject) and the
 /// message's first line: LibTorch appends a backtrace, a report wants the message.
 std::string first_line(const std::string& text) {
@@ -89,12 +92,19 @@ std::vector<GeneratedProperty> generated_properties(const props::Translator& tra
        },
        none},
       {"P13 values", props::values, none},
+      {"P14 release",
+       [](const gen::TreeSpec& s, const props::UnwrapSubject&) { return props::release(s); }, none},
+      {"P15 owned state",
+       [](const gen::TreeSpec& s, const props::UnwrapSubject&) { return props::owned_state(s); },
+       none},
+      {"P16 aliases",
+       [](const gen::TreeSpec& s, const props::UnwrapSubject&) { return props::aliases(s); }, none},
   };
 }
 
 Entry run_generated(const std::string& kind, const GeneratedProperty& property,
                     const props::UnwrapSubject& subject, const Options& options) {
-  Entry entry = new_entry(kind, property.name, "generated trees");
+  Entry entry = new_entry(kind, property.name, kGenerated);
   const auto start = Clock::now();
   gen::GenOptions g;
   // The certified kind is drawn as often as all built-in kinds together; other kinds the
@@ -141,10 +151,29 @@ Entry run_generated(const std::string& kind, const GeneratedProperty& property,
   return entry;
 }
 
+/// P11 in depth, once per kind: a 10,000-deep chain of the kind in turn with the built-in kinds.
+Entry run_deep_chain(const std::string& kind, const props::UnwrapSubject& subject) {
+  Entry entry = new_entry(kind, "P11 graph safety", kDeepChain);
+  const auto start = Clock::now();
+  std::vector<std::string> kinds{kind};
+  for (const auto& name : Registry::with_builtins().names()) {
+    if (name != kind) kinds.push_back(name);
+  }
+  const auto verdict = props::deep_chain(kinds, subject);
+  entry.cases = 1;
+  if (!verdict.passed) {
+    entry.status = Status::kFailed;
+    entry.reason = verdict.reason;
+    entry.key = verdict.key;
+  }
+  entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return entry;
+}
+
 /// Every decoder layer and the root wrapped in `kind`.
 ModulePtr wrap_fixture(const ModulePtr& model, const fixtures::CausalLMConfig& config,
                        const std::string& kind) {
-  return auto_wrap(model, config.no_split_modules(), Registry::global().at(kind));
+  return auto_wrap(model, config.no_split_modules(), Registry::global().resolve(kind).descriptor());
 }
 
 std::vector<std::shared_ptr<WrapperImpl>> wrappers_in(const ModulePtr& root) {
@@ -209,20 +238,21 @@ Entry run_numerics(const std::string& kind, const fixtures::CausalLMConfig& conf
   const auto start = Clock::now();
   entry.cases = 1;
   (void)detail::take_blame();
-  const auto& descriptor = Registry::global().at(kind);
+  const auto ref = Registry::global().resolve(kind);
   auto finish = [&] {
     entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return entry;
   };
-  if (descriptor.numerics == Numerics::kChangesOutput ||
-      descriptor.numerics == Numerics::kNeedsRelease) {
+  const auto numerics = ref.numerics();
+  if (numerics == Numerics::kChangesOutput || numerics == Numerics::kNeedsRelease) {
     entry.status = Status::kSkipped;
-    entry.reason = descriptor.numerics == Numerics::kChangesOutput
+    entry.reason = numerics == Numerics::kChangesOutput
                        ? "the kind changes outputs by design"
-                       : "the kind needs release before its inner module computes";
+                       : "the kind needs release before its inner module computes (P14 runs it "
+                         "released)";
     return finish();
   }
-  const double tol = descriptor.numerics == Numerics::kTolerance ? descriptor.tolerance : 0.0;
+  const double tol = numerics == Numerics::kTolerance ? ref.kind->tolerance : 0.0;
   auto close = [tol](const torch::Tensor& a, const torch::Tensor& b) {
     return tol == 0.0 ? a.equal(b) : torch::allclose(a, b, tol, tol);
   };
@@ -416,7 +446,9 @@ std::string replay_command(const Entry& entry, const Options& options) {
   }
   std::string out = "wrapcert certify --wrappers " + entry.kind + " --subject " +
                     subject_name(options) + " --seed " + std::to_string(options.seed);
-  if (entry.target == "generated trees") {
+  if (entry.target == kDeepChain) {
+    out += " --cases 1 --fixtures tiny-gemma";  // every run checks the chain; this one is short
+  } else if (entry.target == kGenerated) {
     out += " --cases " + std::to_string(options.cases) + " --max-size " +
            std::to_string(options.max_size);
   } else {
@@ -457,8 +489,8 @@ size_t Report::count(Status status) const {
 Report certify(const Options& options, const Listener& listener) {
   Report report;
   report.options = options;
-  if (report.options.kinds.empty()) report.options.kinds = Registry::global().names();
-  for (const auto& kind : report.options.kinds) (void)Registry::global().at(kind);  // validate
+  if (report.options.kinds.empty()) report.options.kinds = Registry::global().names_with_modes();
+  for (const auto& kind : report.options.kinds) (void)Registry::global().resolve(kind);  // validate
   if (options.cases < 1 || options.max_size < 1 || options.timeout_seconds < 1) {
     throw Error(ErrorCode::kInvalidArgument, "",
                 "cases, max_size and timeout_seconds must be positive");
@@ -483,9 +515,11 @@ Report certify(const Options& options, const Listener& listener) {
   };
   for (const auto& kind : o.kinds) {
     for (const auto& property : generated_properties(translator)) {
-      run(new_entry(kind, property.name, "generated trees"),
+      run(new_entry(kind, property.name, kGenerated),
           [&] { return run_generated(kind, property, subject, o); });
     }
+    run(new_entry(kind, "P11 graph safety", kDeepChain),
+        [&] { return run_deep_chain(kind, subject); });
     for (const auto& config : layouts) {
       if (config.hidden_size <= 256) {  // tiny: real numerics
         run(new_entry(kind, "P4 backward", config.name),
@@ -514,25 +548,6 @@ Report certify(const Options& options, const Listener& listener) {
   }
   return report;
 }
-
-namespace {
-
-/// Registers a kind in the global registry for one certification run, and puts the registry
-/// back as it was when the run ends: no run changes the kinds the next one draws from.
-class ScopedRegistration {
- public:
-  explicit ScopedRegistration(const WrapperKind& kind) : saved_(Registry::global()) {
-    if (!Registry::global().contains(kind.name)) Registry::global().add(kind);
-  }
-  ~ScopedRegistration() { Registry::global() = std::move(saved_); }
-  ScopedRegistration(const ScopedRegistration&) = delete;
-  ScopedRegistration& operator=(const ScopedRegistration&) = delete;
-
- private:
-  Registry saved_;
-};
-
-}  // namespace
 
 Report certify(const WrapperKind& registration, Options options, const Listener& listener) {
   const ScopedRegistration scope(registration);

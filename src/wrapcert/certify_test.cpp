@@ -1,5 +1,6 @@
 #include <wrapcert/certify.h>
 #include <wrapcert/error.h>
+#include <wrapcert/testing/contract_kinds.h>
 #include <wrapcert/wrappers.h>
 
 #include <gmock/gmock.h>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <iostream>
 
 namespace wrapcert::certify {
 namespace {
@@ -99,7 +101,7 @@ TEST(Certify, CertifiesACorrectNewKind) {
     EXPECT_EQ(e.kind, "Relay");
     ++relay;
   }
-  EXPECT_EQ(relay, 13u + 3u + 1u);  // generated, gemma-2b P1-P3, tiny P4
+  EXPECT_EQ(relay, 16u + 1u + 3u + 1u);  // generated, the deep chain, gemma-2b P1-P3, tiny P4
   EXPECT_EQ(report.count(Status::kFailed), 0u);
 }
 
@@ -266,9 +268,81 @@ TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   EXPECT_TRUE(found);
 }
 
+/// A kind and the one property (on generated trees) that must reject it; "" for a correct kind.
+struct ContractCase {
+  WrapperKind (*kind)();
+  std::string rejected_by;
+};
+
+class CertifyContracts : public ::testing::TestWithParam<ContractCase> {};
+
+TEST_P(CertifyContracts, EachDeclaredContractIsCheckedByThePropertyNamedForIt) {
+  const auto& c = GetParam();
+  const auto kind = c.kind();
+  auto o = quick();
+  o.fixtures = {"gemma-2b", "tiny-mistral"};
+  o.cases = 30;
+  const auto report = certify(kind, o);
+  std::vector<std::string> failed;
+  for (const auto& e : report.entries) {
+    if (e.status == Status::kFailed) {
+      failed.push_back(e.property + " [" + e.target + "]");
+      std::cout << kind.name << ": " << e.property << " [" << e.target << "]: " << e.reason << "\n";
+    }
+  }
+  if (c.rejected_by.empty()) {
+    EXPECT_TRUE(report.passed()) << to_markdown(report);
+    return;
+  }
+  EXPECT_THAT(failed, ::testing::Contains(c.rejected_by + " [generated trees]"))
+      << to_markdown(report);
+  for (const auto& e : report.entries) {
+    if (e.property == c.rejected_by && e.target == "generated trees") {
+      EXPECT_FALSE(e.key.empty()) << e.reason;
+      EXPECT_THAT(e.counterexample, HasSubstr(kind.name + "(")) << e.reason;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, CertifyContracts,
+    ::testing::Values(ContractCase{wrapcert::testing::step_counter_kind, ""},
+                      ContractCase{wrapcert::testing::aliased_relay_kind, ""},
+                      ContractCase{wrapcert::testing::flat_shard_kind, ""},
+                      ContractCase{wrapcert::testing::copying_release_kind, "P14 release"},
+                      ContractCase{wrapcert::testing::emptying_release_kind, "P14 release"},
+                      ContractCase{wrapcert::testing::swapped_flat_release_kind, "P14 release"},
+                      ContractCase{wrapcert::testing::second_registration_kind, "P15 owned state"},
+                      ContractCase{wrapcert::testing::misdirected_alias_kind, "P16 aliases"}),
+    [](const auto& info) { return info.param.kind().name; });
+
+TEST(Certify, RunsTheBuiltInFlatParameterMode) {
+  auto o = quick();
+  o.fixtures = {};
+  EXPECT_THAT(Registry::global().names_with_modes(),
+              ::testing::Contains("FullyShardedDataParallel[flat]"));
+  o.kinds = {"FullyShardedDataParallel[flat]"};
+  o.cases = 40;
+  const auto report = certify(o);
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+  size_t checked = 0;
+  for (const auto& e : report.entries) {
+    if (e.kind != "FullyShardedDataParallel[flat]") continue;
+    ++checked;
+    if (e.property == "P4 backward" && e.target != "generated trees") {
+      EXPECT_EQ(e.status, Status::kSkipped) << "flat parameters compute only once released";
+    } else {
+      EXPECT_EQ(e.status, Status::kPassed) << e.property << ": " << e.reason;
+    }
+  }
+  EXPECT_EQ(checked, 16u + 1u);
+}
+
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {
   auto o = quick();
   o.kinds = {"FSDP3"};
+  EXPECT_THROW((void)certify(o), Error);
+  o.kinds = {"FullyShardedDataParallel[sharded]"};  // no such mode
   EXPECT_THROW((void)certify(o), Error);
   o = quick();
   o.fixtures = {"llama-7b"};

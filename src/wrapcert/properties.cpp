@@ -1,9 +1,12 @@
 #include <wrapcert/detail/blame.h>
+#include <wrapcert/detail/path.h>
+#include <wrapcert/detail/python_names.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/keys.h>
 #include <wrapcert/printer.h>
 #include <wrapcert/properties.h>
+#include <wrapcert/wrap.h>
 
 #include <torch/nn/modules/linear.h>
 #include <torch/serialize.h>
@@ -98,6 +101,49 @@ bool same_grads(const std::vector<torch::Tensor>& a, const std::vector<torch::Te
     if (a[where].defined() && !close(a[where], b[where], tolerance)) return false;
   }
   return true;
+}
+
+/// Sees through no wrapper: a view built with it shows a module's parameters a flat-parameter
+/// wrapper holds where they belong, and nothing else changes.
+const WrapperKind* see_nothing(const torch::nn::Module&) {
+  return nullptr;
+}
+
+/// The wrapped model's entries that are the model's own tensors, in the wrapped model's order
+/// and under its keys, parameters a flat-parameter wrapper holds shown where they belong (as
+/// the real wrapper's full state dict shows them); the wrappers' own state left out.
+StateDict model_entries(const ModulePtr& wrapped, const StateDict& original) {
+  std::set<const void*> model;
+  for (const auto& item : original) model.insert(item.value().unsafeGetTensorImpl());
+  const auto all = ModuleView::build(wrapped, see_nothing).state_dict();
+  StateDict out;
+  for (const auto& item : all) {
+    if (model.count(item.value().unsafeGetTensorImpl())) out.insert(item.key(), item.value());
+  }
+  return out;
+}
+
+/// Why `wrapped` (from `model_entries`) cannot be matched one to one with `original`: a tensor
+/// of the model under more keys, or fewer, than the model has for it. Sets `key`.
+std::string entry_count_difference(const StateDict& wrapped, const StateDict& original,
+                                   std::string& key) {
+  std::map<const void*, int> count;
+  for (const auto& item : original) ++count[item.value().unsafeGetTensorImpl()];
+  for (const auto& item : wrapped) {
+    if (--count[item.value().unsafeGetTensorImpl()] < 0) {
+      key = item.key();
+      return "the wrapped model holds a tensor of the model under more keys than the model (" +
+             std::to_string(wrapped.size()) + " keys for the model's " +
+             std::to_string(original.size()) + ")";
+    }
+  }
+  for (const auto& item : original) {
+    if (count[item.value().unsafeGetTensorImpl()] > 0) {
+      key = item.key();
+      return "the wrapped model does not hold this tensor of the model";
+    }
+  }
+  return {};
 }
 
 gen::TreeSpec shuffled(gen::TreeSpec spec, uint64_t seed) {
@@ -255,6 +301,16 @@ Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u) {
     const auto built = gen::build(spec);
     const auto tree = format_tree(built.root);
     const auto keys_before = state_dict(built.root).keys();
+    const auto input = gen::sample_input(spec, c10::kDouble);
+    torch::Tensor before;
+    try {
+      before = call(*built.root, input).detach();
+    } catch (const Error& e) {
+      // A module shared between a flat-parameter unit and the rest of the model cannot run, in
+      // real FSDP either: the case does not apply.
+      if (e.code() != ErrorCode::kWrapperState) throw;
+      return skip("P5 non-mutation", "the wrapped model does not run: " + std::string(e.what()));
+    }
     (void)u(built.root);  // the result, and anything it keeps alive, is gone after this line
     std::string key;
     const auto diff = key_difference(state_dict(built.root).keys(), keys_before, key);
@@ -264,11 +320,14 @@ Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u) {
       return fail("P5 non-mutation", "the wrapped model's tree changed");
     }
     reset_calls(built);
-    (void)call(*built.root, gen::sample_input(spec, c10::kDouble));
+    const auto after = call(*built.root, input).detach();
     for (const auto& w : built.wrappers) {
       if (w->calls() == 0) {
         return fail("P5 non-mutation", "a " + w->kind_name() + " is no longer on the forward path");
       }
+    }
+    if (!after.equal(before)) {
+      return fail("P5 non-mutation", "the wrapped model computes another output after unwrapping");
     }
     return pass("P5 non-mutation");
   });
@@ -295,7 +354,10 @@ Verdict laws(const gen::TreeSpec& spec, const UnwrapSubject& u) {
 Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u) {
   return guarded("P7 legacy", [&] {
     const auto built = gen::build(spec);
-    const auto legacy = state_dict(unwrap_legacy(built.root)).keys();
+    // What the module legacy returns holds once released (parameters a flat-parameter wrapper
+    // holds shown where they belong), as the reference view shows it.
+    const auto legacy =
+        ModuleView::build(unwrap_legacy(built.root), see_nothing).state_dict().keys();
     std::string key;
     const auto diff = key_difference(u(built.root).state.keys(), legacy, key);
     return diff.empty() ? pass("P7 legacy") : fail("P7 legacy", diff, key);
@@ -305,9 +367,11 @@ Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u) {
 Verdict translation(const gen::TreeSpec& spec, const Translator& t) {
   return guarded("P8 translation", [&] {
     const auto built = gen::build(spec);
-    const auto wrapped = state_dict(built.root);
+    const auto wrapped = model_entries(built.root, built.original);
     if (wrapped.size() != built.original.size()) {
-      return skip("P8 translation", "wrappers own state (flat parameters)");
+      std::string key;
+      const auto diff = entry_count_difference(wrapped, built.original, key);
+      return fail("P8 translation", diff, key);
     }
     const auto to_clean = t(built.root);
     std::set<std::string> seen;
@@ -385,9 +449,14 @@ Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u) {
     }
     // And into a fresh wrapped model through the inverse translation.
     const auto fresh_wrapped = gen::build(spec, {c10::kDouble, 98, true});
-    if (state_dict(fresh_wrapped.root).size() == fresh_wrapped.original.size()) {
+    {
       const auto tr = KeyTranslator::from_tree(fresh_wrapped.root);
-      const auto target = state_dict(fresh_wrapped.root);
+      const auto target = model_entries(fresh_wrapped.root, fresh_wrapped.original);
+      if (target.size() != fresh_wrapped.original.size()) {
+        std::string key;
+        const auto diff = entry_count_difference(target, fresh_wrapped.original, key);
+        return fail("P10 round trip", diff, key);
+      }
       for (const auto& item : saved) {
         const auto* slot = target.find(tr.to_wrapped(item.key()));
         if (!slot) return fail("P10 round trip", "no wrapped key to load into", item.key());
@@ -403,48 +472,84 @@ Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u) {
   });
 }
 
-Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  // A chain of 10,000 wrappers of the kinds in this case (the built-in ones where it has none)
-  // unwraps to the leaf. Kinds registered elsewhere in the process take no part.
-  Verdict chain = guarded("P11 graph safety", [&] {
-    std::vector<std::string> names;
-    std::function<void(const gen::NodeSpec&)> collect = [&](const gen::NodeSpec& n) {
-      for (const auto& w : n.wrappers) {
-        if (std::find(names.begin(), names.end(), w) == names.end()) names.push_back(w);
-      }
-      for (const auto& c : n.children) collect(c.second);
-    };
-    collect(spec.root);
-    if (names.empty()) names = Registry::with_builtins().names();
-    std::vector<const WrapperKind*> kinds;
-    for (const auto& name : names) kinds.push_back(&Registry::global().at(name));
+Verdict deep_chain(const std::vector<std::string>& kinds, const UnwrapSubject& u, int depth) {
+  // Every level, top first, so the chain is torn down one level at a time at the end (a
+  // shared_ptr chain 10,000 deep would otherwise be destroyed by recursion).
+  std::vector<ModulePtr> levels;
+  auto verdict = guarded("P11 graph safety", [&] {
+    if (kinds.empty() || depth < 1) {
+      throw Error(ErrorCode::kInvalidArgument, "", "a deep chain needs kinds and a depth");
+    }
+    std::vector<KindRef> refs;
+    for (const auto& name : kinds) refs.push_back(Registry::global().resolve(name));
+    // Linear in `depth` whatever `make` does with the module it wraps: each wrapper is made
+    // around a stand-in and then given the chain below through its slot. A kind whose `inner`
+    // does not follow its slot is made around the chain itself.
     ModulePtr m = torch::nn::Linear(2, 2).ptr();
-    for (int i = 0; i < 10000; ++i) m = kinds[static_cast<size_t>(i) % kinds.size()]->make(m);
+    levels.push_back(m);
+    for (int i = 0; i < depth; ++i) {
+      const auto& kind = refs[static_cast<size_t>(i) % refs.size()];
+      ModulePtr wrapper;
+      if (i > 0) {
+        try {
+          wrapper = kind.make(std::make_shared<torch::nn::IdentityImpl>());
+          replace_child(*wrapper, kind.kind->slot, m);
+          if (kind.kind->inner_of(*wrapper, "") != m) wrapper = nullptr;
+        } catch (const std::exception&) {
+          wrapper = nullptr;
+        }
+        (void)detail::take_blame();  // a stand-in's failure is not a verdict
+      }
+      if (!wrapper) {
+        try {
+          wrapper = kind.make(m);
+        } catch (...) {
+          detail::note_blame("the wrapper kind " + kind.name() + " (building a wrapper)");
+          throw;
+        }
+      }
+      m = wrapper;
+      levels.push_back(m);
+    }
+    std::reverse(levels.begin(), levels.end());
     const auto got = u(m).state.keys();
     if (got != std::vector<std::string>{"weight", "bias"}) {
-      return fail("P11 graph safety", "a 10,000-deep chain did not unwrap to the leaf's keys");
+      std::string key;
+      return fail(
+          "P11 graph safety",
+          "a " + std::to_string(depth) + "-deep chain of " +
+              (kinds.size() == 1 ? kinds[0] : std::to_string(kinds.size()) + " kinds") +
+              " did not unwrap to the leaf's keys: " + key_difference(got, {"weight", "bias"}, key),
+          key);
     }
     return pass("P11 graph safety");
   });
-  if (!chain.passed) return chain;
-  // A cycle: the model made its own descendant. The subject must say so, not hang or crash.
-  const auto built = gen::build(spec);
-  auto plain_root = unwrap_reference(built.root).root().module;
-  plain_root->register_module("back_to_root", built.root);
-  Verdict verdict = pass("P11 graph safety");
-  try {
-    (void)u(built.root);
-    verdict = fail("P11 graph safety", "a cycle was not reported", "back_to_root");
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kCycle) {
-      verdict = fail("P11 graph safety", std::string("a cycle gave another error: ") + e.what(),
-                     e.key_path());
-    }
-  } catch (const std::exception& e) {
-    verdict = fail("P11 graph safety", std::string("a cycle gave: ") + e.what());
-  }
-  plain_root->replace_module("back_to_root", torch::nn::Linear(1, 1).ptr());  // break the cycle
+  for (auto& level : levels) level.reset();  // top first: no deep recursion
   return verdict;
+}
+
+Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P11 graph safety", [&] {
+    // A cycle: the model made its own descendant. The subject must say so, not hang or crash.
+    const auto built = gen::build(spec);
+    const auto plain_root = unwrap_reference(built.root).root().module;
+    plain_root->register_module("back_to_root", built.root);
+    struct BreakCycle {
+      const ModulePtr& root;
+      ~BreakCycle() { root->replace_module("back_to_root", torch::nn::Linear(1, 1).ptr()); }
+    } break_cycle{plain_root};
+    try {
+      (void)u(built.root);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kCycle) return pass("P11 graph safety");
+      return fail("P11 graph safety", std::string("a cycle gave another error: ") + e.what(),
+                  e.key_path());
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      return fail("P11 graph safety", "a cycle gave: " + what.substr(0, what.find('\n')));
+    }
+    return fail("P11 graph safety", "a cycle was not reported", "back_to_root");
+  });
 }
 
 Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed) {
@@ -473,6 +578,207 @@ Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u) {
       if (!got->equal(item.value())) return fail("P13 values", "values differ", item.key());
     }
     return pass("P13 values");
+  });
+}
+
+namespace {
+
+/// Each wrapper of `built` with its kind and a path it is reached by (the first one).
+struct WrapperAt {
+  std::shared_ptr<WrapperImpl> wrapper;
+  const WrapperKind* kind;
+  std::string path;
+};
+
+std::vector<WrapperAt> wrappers_at(const gen::Built& built) {
+  std::map<const torch::nn::Module*, std::string> paths;
+  for (const auto& item : built.root->named_modules())
+    paths.emplace(item.value().get(), item.key());
+  std::vector<WrapperAt> out;
+  for (const auto& w : built.wrappers) {
+    const auto* kind = Registry::global().find(*w);
+    if (!kind) continue;
+    const auto it = paths.find(w.get());
+    out.push_back({w, kind, it == paths.end() ? std::string() : it->second});
+  }
+  return out;
+}
+
+std::string at_path(const std::string& path) {
+  return path.empty() ? std::string("the root") : "'" + path + "'";
+}
+
+}  // namespace
+
+Verdict release(const gen::TreeSpec& spec) {
+  return guarded("P14 release", [&] {
+    const auto built = gen::build(spec);
+    const auto plain = gen::build(spec, {c10::kDouble, 0, false});  // same seed: the values
+    const auto wrappers = wrappers_at(built);
+    std::vector<ModulePtr> held;
+    for (const auto& w : wrappers) held.push_back(w.kind->inner_of(*w.wrapper, w.path));
+
+    const auto root = release_wrappers(built.root);
+    const auto state = state_dict(root);
+    std::string key;
+    const auto diff = key_difference(state.keys(), built.original.keys(), key);
+    if (!diff.empty()) return fail("P14 release", "the released model's keys: " + diff, key);
+    for (size_t i = 0; i < state.size(); ++i) {
+      const auto& got = state[i];
+      if (!got.value().is_same(built.original[i].value())) {
+        return fail("P14 release", "not the model's own tensor after release (a copy?)", got.key());
+      }
+      const auto& want = plain.original[i].value();
+      if (got.value().sizes() != want.sizes() || !got.value().equal(want)) {
+        return fail("P14 release", "values differ after release", got.key());
+      }
+    }
+    if (tie_groups(state) != tie_groups(built.original)) {
+      return fail("P14 release", "ties differ after release", state[0].key());
+    }
+    for (const auto& item : root->named_modules()) {
+      if (const auto* kind = Registry::global().find(*item.value())) {
+        return fail("P14 release", "a " + kind->name + " is still on a path after release",
+                    item.key());
+      }
+    }
+    for (size_t i = 0; i < wrappers.size(); ++i) {
+      const auto& w = wrappers[i];
+      const auto now = find_child(*w.wrapper, w.kind->slot);
+      if (now != held[i]) {
+        return fail("P14 release",
+                    "the " + w.kind->name + " at " + at_path(w.path) +
+                        " no longer holds the module in its slot after release",
+                    detail::join_path(w.path, w.kind->slot));
+      }
+    }
+    const auto again = unwrap_reference(built.root).state_dict().keys();
+    const auto diff_again = key_difference(again, built.original.keys(), key);
+    if (!diff_again.empty()) {
+      return fail("P14 release",
+                  "after release the wrapped model unwraps to other keys: " + diff_again, key);
+    }
+    for (const int64_t batch : {1, 2}) {
+      const auto input = gen::sample_input(spec, c10::kDouble, 0, batch);
+      reset_calls(built);
+      const auto expected = step(plain.root, plain.original, input);
+      const auto got = step(root, built.original, input);
+      for (const auto& w : built.wrappers) {
+        if (w->calls() != 0) {
+          return fail("P14 release", "the released model still runs through a " + w->kind_name());
+        }
+      }
+      size_t where = 0;
+      if (!same_grads(got.second, expected.second, 0.0, where)) {
+        return fail(
+            "P14 release",
+            "a gradient of the released model differs (batch of " + std::to_string(batch) + ")",
+            built.original.keys()[where]);
+      }
+      if (!got.first.equal(expected.first)) {
+        return fail("P14 release",
+                    "the released model's output differs (batch of " + std::to_string(batch) + ")");
+      }
+    }
+    return pass("P14 release");
+  });
+}
+
+Verdict owned_state(const gen::TreeSpec& spec) {
+  return guarded("P15 owned state", [&] {
+    const auto built = gen::build(spec);
+    const auto wrappers = wrappers_at(built);
+    // First what is held at all: everything besides the slot must be declared by name.
+    for (const auto& w : wrappers) {
+      const auto& kind = *w.kind;
+      auto undeclared = [&](const std::string& name, const char* what) {
+        return fail("P15 owned state",
+                    kind.name + " holds a " + what + " its kind does not declare in owned_state",
+                    detail::join_path(w.path, name));
+      };
+      for (const auto& item : w.wrapper->named_parameters(/*recurse=*/false)) {
+        if (item.value().defined() && !kind.owns(item.key())) {
+          return undeclared(item.key(), "parameter");
+        }
+      }
+      for (const auto& item : w.wrapper->named_buffers(/*recurse=*/false)) {
+        if (item.value().defined() && !kind.owns(item.key()))
+          return undeclared(item.key(), "buffer");
+      }
+      for (const auto& item : w.wrapper->named_children()) {
+        if (item.key() != kind.slot && !kind.owns(item.key())) {
+          return undeclared(item.key(), "child");
+        }
+      }
+    }
+    // Then what is declared must be the wrapper's own: none of the model's modules (as seen
+    // through every wrapper's slot) and none of its tensors.
+    std::set<const torch::nn::Module*> model_modules;
+    const auto model = unwrap_reference(built.root);
+    for (size_t i = 0; i < model.size(); ++i) model_modules.insert(model.node(i).module.get());
+    std::set<const void*> model_tensors;
+    for (const auto& item : built.original)
+      model_tensors.insert(item.value().unsafeGetTensorImpl());
+    for (const auto& w : wrappers) {
+      const auto& kind = *w.kind;
+      auto where = [&](const std::string& name) { return detail::join_path(w.path, name); };
+      auto own_tensor = [&](const std::string& name, const torch::Tensor& t) {
+        return model_tensors.count(t.unsafeGetTensorImpl()) == 0
+                   ? pass("P15 owned state")
+                   : fail("P15 owned state",
+                          kind.name + " registers a tensor of the model as its own", where(name));
+      };
+      for (const auto& item : w.wrapper->named_parameters(/*recurse=*/false)) {
+        if (!item.value().defined()) continue;
+        if (auto v = own_tensor(item.key(), item.value()); !v.passed) return v;
+      }
+      for (const auto& item : w.wrapper->named_buffers(/*recurse=*/false)) {
+        if (!item.value().defined()) continue;
+        if (auto v = own_tensor(item.key(), item.value()); !v.passed) return v;
+      }
+      for (const auto& item : w.wrapper->named_children()) {
+        if (item.key() == kind.slot) continue;
+        const auto owned = ModuleView::of(item.value());
+        for (size_t i = 0; i < owned.size(); ++i) {
+          if (model_modules.count(owned.node(i).module.get())) {
+            return fail("P15 owned state",
+                        kind.name + " registers a module of the model a second time",
+                        where(item.key()));
+          }
+        }
+        for (const auto& t : state_dict(item.value())) {
+          if (auto v = own_tensor(item.key() + "." + t.key(), t.value()); !v.passed) return v;
+        }
+      }
+    }
+    return pass("P15 owned state");
+  });
+}
+
+Verdict aliases(const gen::TreeSpec& spec) {
+  return guarded("P16 aliases", [&] {
+    const auto built = gen::build(spec);
+    for (const auto& w : wrappers_at(built)) {
+      const auto in_slot = w.kind->inner_of(*w.wrapper, w.path);
+      for (const auto& alias : w.kind->aliases) {
+        ModulePtr reached;
+        try {
+          reached = w.kind->alias_of(*w.wrapper, alias, w.path);
+        } catch (...) {
+          detail::note_blame("the wrapper kind " + w.kind->name + " (resolving alias '" + alias +
+                             "')");
+          throw;
+        }
+        if (reached != in_slot) {
+          return fail("P16 aliases",
+                      w.kind->name + "'s alias '" + alias + "' reaches a " +
+                          detail::python_type_name(*reached) +
+                          " that is not the module in its slot '" + w.kind->slot + "'",
+                      detail::join_path(w.path, alias));
+        }
+      }
+    }
+    return pass("P16 aliases");
   });
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-/// The properties P1-P13 (SEMANTICS.md §4) as plain functions over a spec and an unwrap
+/// The properties P1-P16 (docs/SEMANTICS.md §4) as plain functions over a spec and an unwrap
 /// subject, each returning a verdict: a failed check is data, not an exception.
 ///
 ///   auto v = wrapcert::props::keys(spec, wrapcert::props::subject(wrapcert::Subject::kReference));
@@ -53,9 +53,28 @@ Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u);    
 Verdict translation(const gen::TreeSpec& spec, const Translator& t);            ///< P8
 Verdict no_false_positives(const gen::TreeSpec& spec, const UnwrapSubject& u);  ///< P9
 Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u);          ///< P10
-Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u);        ///< P11
+/// P11 on a tree: a cycle (the model made its own descendant) is an `Error` (kCycle), not a
+/// hang or a crash.
+Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u);
+/// P11 in depth: a chain of `depth` wrappers of `kinds` in turn (`Kind` or `Kind[mode]`) around
+/// a `Linear` unwraps to the leaf's keys. Built in time linear in `depth`; run once per kind, not
+/// per generated case.
+Verdict deep_chain(const std::vector<std::string>& kinds, const UnwrapSubject& u,
+                   int depth = 10000);
 /// P12: every stack shuffled by `shuffle_seed` and its innermost kind repeated.
 Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed);
 Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u);  ///< P13
+
+/// The contracts a kind declares, checked on the kinds in the spec rather than on a subject.
+/// P14: `release_wrappers` (each kind's `release`) gives back the model itself: every tensor
+/// the original, keys, order, ties and values as built, the same outputs and gradients, no
+/// wrapper on a path; each wrapper still holds what its release returned, and still unwraps to
+/// the model's keys.
+Verdict release(const gen::TreeSpec& spec);
+/// P15: a wrapper holds nothing besides its slot that its kind does not declare in
+/// `owned_state`, and what it declares is none of the model's modules or tensors.
+Verdict owned_state(const gen::TreeSpec& spec);
+/// P16: every alias a kind declares reaches the very module in the wrapper's slot.
+Verdict aliases(const gen::TreeSpec& spec);
 
 }  // namespace wrapcert::props
