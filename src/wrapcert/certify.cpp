@@ -173,7 +173,13 @@ Entry run_deep_chain(const std::string& kind, const props::UnwrapSubject& subjec
 /// Every decoder layer and the root wrapped in `kind`.
 ModulePtr wrap_fixture(const ModulePtr& model, const fixtures::CausalLMConfig& config,
                        const std::string& kind) {
-  return auto_wrap(model, config.no_split_modules(), Registry::global().resolve(kind).descriptor());
+  try {
+    return auto_wrap(model, config.no_split_modules(),
+                     Registry::global().resolve(kind).descriptor());
+  } catch (...) {
+    detail::note_blame("the wrapper kind " + kind + " (wrapping the fixture)");
+    throw;
+  }
 }
 
 std::vector<std::shared_ptr<WrapperImpl>> wrappers_in(const ModulePtr& root) {

@@ -254,18 +254,25 @@ TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   EXPECT_EQ(blamed, 2u);  // generated trees and the fixture
   auto broken = wrapper_kind<RelayImpl>("BrokenMake", "_relayed_module");
   broken.make = [](ModulePtr) -> ModulePtr { throw std::runtime_error("cannot shard"); };
-  o.fixtures = {};
+  o.fixtures = {"gemma-2b"};
   const auto make = certify(broken, o);
-  bool found = false;
+  bool generated = false, fixture = false;
   for (const auto& e : make.entries) {
-    if (e.property == "P1 keys") {
-      found = true;
+    if (e.property != "P1 keys") continue;
+    if (e.target == "generated trees") {
+      generated = true;
       EXPECT_THAT(
           e.reason,
           HasSubstr("the wrapper kind BrokenMake (building a wrapper) threw: cannot shard"));
+    } else {
+      fixture = true;
+      EXPECT_THAT(
+          e.reason,
+          HasSubstr("the wrapper kind BrokenMake (wrapping the fixture) threw: cannot shard"));
     }
   }
-  EXPECT_TRUE(found);
+  EXPECT_TRUE(generated);
+  EXPECT_TRUE(fixture);
 }
 
 /// A kind and the one property (on generated trees) that must reject it; "" for a correct kind.

@@ -119,11 +119,17 @@ std::string describe(const TreeSpec& spec, const std::string& highlight) {
                                                          std::string::npos, "." + highlight) == 0));
       listing += line + (hit ? "  <-- here" : "") + "\n";
     }
-    const auto s = stats(spec);
-    return format_tree(built.root) + "\nwrapped keys:\n" + listing + std::to_string(s.modules) +
-           " modules, " + std::to_string(s.wrappers) + " wrappers";
+    // Counted on the tree as printed: each module once, however often it is reached.
+    const auto view = ModuleView::of(built.root);
+    size_t modules = 0;
+    for (size_t i = 0; i < view.size(); ++i) {
+      modules += dynamic_cast<const WrapperImpl*>(view.node(i).module.get()) == nullptr;
+    }
+    return format_tree(built.root) + "\nwrapped keys:\n" + listing + std::to_string(modules) +
+           " modules, " + std::to_string(view.size() - modules) + " wrappers";
   } catch (const std::exception& e) {
-    return std::string("<spec does not build: ") + e.what() + ">";
+    const std::string what = e.what();  // LibTorch appends a backtrace: the first line says why
+    return "<the spec does not build: " + what.substr(0, what.find('\n')) + ">";
   }
 }
 
