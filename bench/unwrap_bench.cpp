@@ -5,6 +5,7 @@
 // tools/bench_report.py turns runs into Markdown and a plot; tools/bench_compare.py gates;
 // scripts/bench.sh does all of it.
 
+#include <wrapcert/certify.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/properties.h>
@@ -314,6 +315,51 @@ void BM_PropertyBackward(benchmark::State& state) {
   });
 }
 
+/// A kind whose `make` walks all of the module it wraps (as a cast or a device move in place
+/// does): building a deep chain of it by nesting is quadratic, which certification must not be.
+class WalkingRelayImpl final : public wrapcert::WrapperImpl {
+ public:
+  explicit WalkingRelayImpl(wrapcert::ModulePtr inner)
+      : WrapperImpl("WalkingRelay", "_walked_module", walk(std::move(inner))) {}
+
+ private:
+  static wrapcert::ModulePtr walk(wrapcert::ModulePtr inner) {
+    for (const auto& m : inner->modules()) benchmark::DoNotOptimize(m.get());
+    return inner;
+  }
+};
+
+/// Kinds certified by BM_CertifyOneKind, by argument: a pass-through, recomputation, the flat-
+/// parameter mode, and a kind whose `make` walks the module it wraps.
+const char* const kCertifiedKinds[] = {"DataParallel", "CheckpointWrapper",
+                                       "FullyShardedDataParallel[flat]", "WalkingRelay"};
+
+void BM_CertifyOneKind(benchmark::State& state) {
+  // `wrapcert certify --wrappers KIND` with default options: 100 cases per property, every
+  // fixture, each check in a child process. Wall time: the work is in the children.
+  const std::string kind = kCertifiedKinds[state.range(0)];
+  state.SetLabel(kind);
+  wrapcert::certify::Options options;
+  options.seed = 1;
+  for (auto _ : state) {
+    wrapcert::certify::Report report;
+    if (kind == "WalkingRelay") {
+      report = wrapcert::certify::certify(
+          wrapcert::wrapper_kind<WalkingRelayImpl>("WalkingRelay", "_walked_module"), options);
+    } else {
+      options.kinds = {kind};
+      report = wrapcert::certify::certify(options);
+    }
+    for (const auto& e : report.entries) {
+      if (e.status == wrapcert::certify::Status::kFailed) {
+        state.SkipWithError(
+            (kind + ": " + e.property + " [" + e.target + "] failed: " + e.reason).c_str());
+        break;
+      }
+    }
+  }
+}
+
 // clang-format off
 BENCHMARK(BM_NamedModulesWalk)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
 BENCHMARK(BM_NamedParametersKeys)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
@@ -335,6 +381,7 @@ BENCHMARK(BM_BuildLayoutOnMeta)->ArgName("layout")->Arg(0)->Arg(1)->Unit(benchma
 BENCHMARK(BM_TranslateKeys)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyBackward);
+BENCHMARK(BM_CertifyOneKind)->ArgName("kind")->DenseRange(0, 3)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 // clang-format on
 
 }  // namespace
