@@ -450,8 +450,13 @@ std::string replay_command(const Entry& entry, const Options& options) {
            " and the subject '" + options.custom_subject_name + "', for " + entry.kind + " on " +
            entry.target;
   }
-  std::string out = "wrapcert certify --wrappers " + entry.kind + " --subject " +
-                    subject_name(options) + " --seed " + std::to_string(options.seed);
+  // `Kind[mode]` is a glob to a shell: quoted.
+  const bool plain =
+      entry.kind.find_first_not_of(
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == std::string::npos;
+  std::string out = "wrapcert certify --wrappers " + (plain ? entry.kind : "'" + entry.kind + "'") +
+                    " --subject " + subject_name(options) + " --seed " +
+                    std::to_string(options.seed);
   if (entry.target == kDeepChain) {
     out += " --cases 1 --fixtures tiny-gemma";  // every run checks the chain; this one is short
   } else if (entry.target == kGenerated) {

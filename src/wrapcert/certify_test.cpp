@@ -343,6 +343,16 @@ TEST(Certify, RunsTheBuiltInFlatParameterMode) {
     }
   }
   EXPECT_EQ(checked, 16u + 1u);
+  // The replay of a failure names the mode so that a shell does not read it as a glob.
+  o.subject = Subject::kLegacy;
+  o.cases = 15;
+  const auto legacy = certify(o);
+  ASSERT_FALSE(legacy.passed());
+  for (const auto& e : legacy.entries) {
+    if (e.status != Status::kFailed) continue;
+    EXPECT_THAT(e.replay,
+                HasSubstr("--wrappers 'FullyShardedDataParallel[flat]' --subject legacy"));
+  }
 }
 
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {
