@@ -281,6 +281,10 @@ struct ContractCase {
   std::string rejected_by;
 };
 
+void PrintTo(const ContractCase& c, std::ostream* os) {
+  *os << c.kind().name << (c.rejected_by.empty() ? " (correct)" : " (" + c.rejected_by + ")");
+}
+
 class CertifyContracts : public ::testing::TestWithParam<ContractCase> {};
 
 TEST_P(CertifyContracts, EachDeclaredContractIsCheckedByThePropertyNamedForIt) {
