@@ -8,6 +8,7 @@
 #include <wrapcert/wrap.h>
 #include <wrapcert/wrappers.h>
 
+#include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <rapidcheck.h>
@@ -61,49 +62,9 @@ class QuietListener : public rc::detail::TestListener {
   void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
 };
 
-struct GeneratedProperty {
-  const char* name;
-  std::function<Verdict(const gen::TreeSpec&, const props::UnwrapSubject&)> check;
-  std::function<void(gen::GenOptions&)> adjust;
-};
-
-std::vector<GeneratedProperty> generated_properties(const props::Translator& translator) {
-  auto none = [](gen::GenOptions&) {};
-  return {
-      {"P1 keys", props::keys, none},
-      {"P2 identity", props::identity, none},
-      {"P3 ties", props::ties, none},
-      {"P4 backward", props::backward, none},
-      {"P5 non-mutation", props::non_mutation, none},
-      {"P6 laws", props::laws, none},
-      {"P7 legacy", props::legacy_agreement, [](gen::GenOptions& o) { o.root_chain_only = true; }},
-      {"P8 translation",
-       [translator](const gen::TreeSpec& s, const props::UnwrapSubject&) {
-         return props::translation(s, translator);
-       },
-       none},
-      {"P9 no false positives", props::no_false_positives,
-       [](gen::GenOptions& o) { o.wrappers = false; }},
-      {"P10 round trip", props::round_trip, none},
-      {"P11 graph safety", props::graph_safety, none},
-      {"P12 order",
-       [](const gen::TreeSpec& s, const props::UnwrapSubject& u) {
-         return props::order(s, u, *rc::gen::arbitrary<uint64_t>());
-       },
-       none},
-      {"P13 values", props::values, none},
-      {"P14 release",
-       [](const gen::TreeSpec& s, const props::UnwrapSubject&) { return props::release(s); }, none},
-      {"P15 owned state",
-       [](const gen::TreeSpec& s, const props::UnwrapSubject&) { return props::owned_state(s); },
-       none},
-      {"P16 aliases",
-       [](const gen::TreeSpec& s, const props::UnwrapSubject&) { return props::aliases(s); }, none},
-  };
-}
-
-Entry run_generated(const std::string& kind, const GeneratedProperty& property,
-                    const props::UnwrapSubject& subject, const Options& options) {
+Entry run_generated(const std::string& kind, const props::GeneratedProperty& property,
+                    const props::UnwrapSubject& subject, const props::Translator& translator,
+                    const Options& options) {
   Entry entry = new_entry(kind, property.name, kGenerated);
   const auto start = Clock::now();
   gen::GenOptions g;
@@ -125,7 +86,7 @@ Entry run_generated(const std::string& kind, const GeneratedProperty& property,
   const auto result = rc::detail::checkProperty(
       rc::detail::toProperty([&] {
         const auto spec = *trees;
-        const auto v = property.check(spec, subject);
+        const auto v = property.check(spec, subject, translator);
         ++*runs;
         if (!v.passed) {
           *shrunk = spec;  // shrinking accepts smaller failures in turn: the last is the minimum
@@ -381,6 +342,9 @@ Entry run_isolated(const Entry& blank, const Options& options,
   }
   if (pid == 0) {
     ::close(fds[0]);
+    // Only this thread survives the fork: a thread pool the parent had running (OpenMP's, after
+    // any multi-threaded LibTorch op) would wait for workers that are not there.
+    at::set_num_threads(1);
     Entry entry = blank;
     try {
       entry = check();
@@ -525,9 +489,9 @@ Report certify(const Options& options, const Listener& listener) {
     report.entries.push_back(std::move(entry));
   };
   for (const auto& kind : o.kinds) {
-    for (const auto& property : generated_properties(translator)) {
+    for (const auto& property : props::generated_properties()) {
       run(new_entry(kind, property.name, kGenerated),
-          [&] { return run_generated(kind, property, subject, o); });
+          [&] { return run_generated(kind, property, subject, translator, o); });
     }
     run(new_entry(kind, "P11 graph safety", kDeepChain),
         [&] { return run_deep_chain(kind, subject); });

@@ -1,7 +1,10 @@
 #include <wrapcert/certify.h>
+#include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
 #include <wrapcert/testing/contract_kinds.h>
 #include <wrapcert/wrappers.h>
+
+#include <torch/nn/modules/linear.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -357,6 +360,20 @@ TEST(Certify, RunsTheBuiltInFlatParameterMode) {
     EXPECT_THAT(e.replay,
                 HasSubstr("--wrappers 'FullyShardedDataParallel[flat]' --subject legacy"));
   }
+}
+
+TEST(Certify, ChecksInChildProcessesDoNotWaitOnTheParentsProcessGroup) {
+  // DDP used here first: its Gloo group's threads live in this process only. A child that
+  // all-reduced through it waited forever.
+  auto ddp =
+      std::make_shared<DistributedDataParallelImpl>(std::make_shared<torch::nn::LinearImpl>(3, 3));
+  call(*ddp, torch::ones({2, 3})).sum().backward();
+  auto o = quick();
+  o.kinds = {"DistributedDataParallel"};
+  o.fixtures = {"tiny-mistral"};
+  o.timeout_seconds = 60;
+  const auto report = certify(o);
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
 }
 
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <unordered_set>
 
 namespace wrapcert {
@@ -42,14 +43,25 @@ std::shared_ptr<ProcessGroup> ProcessGroup::gloo(const std::string& store_path, 
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::single_process() {
-  static std::shared_ptr<ProcessGroup> group = [] {
+  // One group per process. A forked child (certification runs each check in one) inherits the
+  // parent's group without the threads that serve it, so an all-reduce there would wait
+  // forever: the child makes its own, and leaves the parent's alone (destroying it would wait
+  // for those threads too).
+  static std::mutex mutex;
+  static pid_t owner = 0;
+  static std::shared_ptr<ProcessGroup> group;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (owner != ::getpid()) {
+    if (group) new std::shared_ptr<ProcessGroup>(std::move(group));  // the parent's: never freed
     const auto path =
         std::filesystem::temp_directory_path() / ("wrapcert-store-" + std::to_string(::getpid()));
     std::filesystem::remove(path);  // a stale file from an earlier process with this pid
-    auto g = gloo(path.string(), 0, 1);
-    g->impl_->owned_store_file = path.string();
-    return g;
-  }();
+    group = gloo(path.string(), 0, 1);
+    // One rank has nothing more to agree on: the store's file is not needed after joining, and
+    // a child that ends with _exit would leave it behind.
+    std::filesystem::remove(path);
+    owner = ::getpid();
+  }
   return group;
 }
 

@@ -11,6 +11,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/serialize.h>
 
+#include <rapidcheck.h>
+
 #include <algorithm>
 #include <map>
 #include <random>
@@ -780,6 +782,55 @@ Verdict aliases(const gen::TreeSpec& spec) {
     }
     return pass("P16 aliases");
   });
+}
+
+const std::vector<GeneratedProperty>& generated_properties() {
+  static const std::vector<GeneratedProperty> table = [] {
+    auto on_subject = [](Verdict (*fn)(const gen::TreeSpec&, const UnwrapSubject&)) {
+      return [fn](const gen::TreeSpec& s, const UnwrapSubject& u, const Translator&) {
+        return fn(s, u);
+      };
+    };
+    auto on_kinds = [](Verdict (*fn)(const gen::TreeSpec&)) {
+      return
+          [fn](const gen::TreeSpec& s, const UnwrapSubject&, const Translator&) { return fn(s); };
+    };
+    auto any = [](gen::GenOptions&) {};
+    return std::vector<GeneratedProperty>{
+        {"P1 keys", "the unwrapped keys are the model's, in order", on_subject(keys), any},
+        {"P2 identity", "every tensor is the model's own", on_subject(identity), any},
+        {"P3 ties", "keys share tensors as before", on_subject(ties), any},
+        {"P4 backward", "outputs and gradients through the wrappers and without them",
+         on_subject(backward), any},
+        {"P5 non-mutation", "the wrapped model is left as it was", on_subject(non_mutation), any},
+        {"P6 laws", "u(M) is M; u(u(x)) is u(x)", on_subject(laws), any},
+        {"P7 legacy", "agrees with the legacy unwrap on a chain at the root",
+         on_subject(legacy_agreement), [](gen::GenOptions& o) { o.root_chain_only = true; }},
+        {"P8 translation", "wrapped keys translate one to one to the clean keys",
+         [](const gen::TreeSpec& s, const UnwrapSubject&, const Translator& t) {
+           return translation(s, t);
+         },
+         any},
+        {"P9 no false positives", "user modules named like slots are left alone",
+         on_subject(no_false_positives), [](gen::GenOptions& o) { o.wrappers = false; }},
+        {"P10 round trip", "what it saves loads into a fresh model, and a fresh wrapped one",
+         on_subject(round_trip), any},
+        {"P11 graph safety", "a cycle is an error, not a hang", on_subject(graph_safety), any},
+        {"P12 order", "every order of a wrapper stack unwraps alike",
+         [](const gen::TreeSpec& s, const UnwrapSubject& u, const Translator&) {
+           return order(s, u, *rc::gen::arbitrary<uint64_t>());
+         },
+         any},
+        {"P13 values", "shapes, dtypes and values are the model's", on_subject(values), any},
+        {"P14 release", "releasing every wrapper gives back the model itself", on_kinds(release),
+         any},
+        {"P15 owned state", "wrappers hold only declared state, none of it the model's",
+         on_kinds(owned_state), any},
+        {"P16 aliases", "every declared alias reaches the module in the slot", on_kinds(aliases),
+         any},
+    };
+  }();
+  return table;
 }
 
 }  // namespace wrapcert::props

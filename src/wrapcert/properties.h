@@ -5,6 +5,7 @@
 ///   auto v = wrapcert::props::keys(spec, wrapcert::props::subject(wrapcert::Subject::kReference));
 ///   if (!v.passed) std::cerr << v.property << ": " << v.reason << " at " << v.key << "\n";
 
+#include <wrapcert/gen/generators.h>
 #include <wrapcert/gen/spec.h>
 #include <wrapcert/unwrap.h>
 
@@ -76,5 +77,22 @@ Verdict release(const gen::TreeSpec& spec);
 Verdict owned_state(const gen::TreeSpec& spec);
 /// P16: every alias a kind declares reaches the very module in the wrapper's slot.
 Verdict aliases(const gen::TreeSpec& spec);
+
+/// A property over generated trees as a value. Certification and the property suite loop over
+/// `generated_properties()`; each property's faulty subjects are in the rejection suite.
+struct GeneratedProperty {
+  std::string name;    ///< "P1 keys"
+  std::string checks;  ///< what it checks, in one line
+  /// One case. P8 checks `translator`, P14-P16 the kinds in the tree; the others `u`. Runs
+  /// inside a rapidcheck property (P12 draws its shuffle there).
+  std::function<Verdict(const gen::TreeSpec& spec, const UnwrapSubject& u,
+                        const Translator& translator)>
+      check;
+  /// What the property's trees need (P7: wrappers at the root only; P9: none).
+  std::function<void(gen::GenOptions& options)> adjust;
+};
+
+/// P1-P16 on generated trees, in order (P11 without its deep chain: see `deep_chain`).
+const std::vector<GeneratedProperty>& generated_properties();
 
 }  // namespace wrapcert::props
