@@ -1,6 +1,7 @@
 #include <wrapcert/detail/blame.h>
 #include <wrapcert/detail/path.h>
 #include <wrapcert/detail/python_names.h>
+#include <wrapcert/detail/wrapper_state.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/keys.h>
@@ -692,25 +693,11 @@ Verdict owned_state(const gen::TreeSpec& spec) {
     const auto wrappers = wrappers_at(built);
     // First what is held at all: everything besides the slot must be declared by name.
     for (const auto& w : wrappers) {
-      const auto& kind = *w.kind;
-      auto undeclared = [&](const std::string& name, const char* what) {
-        return fail("P15 owned state",
-                    kind.name + " holds a " + what + " its kind does not declare in owned_state",
-                    detail::join_path(w.path, name));
-      };
-      for (const auto& item : w.wrapper->named_parameters(/*recurse=*/false)) {
-        if (item.value().defined() && !kind.owns(item.key())) {
-          return undeclared(item.key(), "parameter");
-        }
-      }
-      for (const auto& item : w.wrapper->named_buffers(/*recurse=*/false)) {
-        if (item.value().defined() && !kind.owns(item.key()))
-          return undeclared(item.key(), "buffer");
-      }
-      for (const auto& item : w.wrapper->named_children()) {
-        if (item.key() != kind.slot && !kind.owns(item.key())) {
-          return undeclared(item.key(), "child");
-        }
+      if (const auto stray = detail::stray_state(*w.wrapper, *w.kind)) {
+        return fail(
+            "P15 owned state",
+            w.kind->name + " holds a " + stray->what + " its kind does not declare in owned_state",
+            detail::join_path(w.path, stray->name));
       }
     }
     // Then what is declared must be the wrapper's own: none of the model's modules (as seen

@@ -1,6 +1,7 @@
 #include <wrapcert/detail/marks.h>
 #include <wrapcert/detail/path.h>
 #include <wrapcert/detail/python_names.h>
+#include <wrapcert/detail/wrapper_state.h>
 #include <wrapcert/error.h>
 #include <wrapcert/view.h>
 
@@ -14,27 +15,7 @@ namespace wrapcert {
 namespace {
 
 using detail::join_path;
-
-struct StrayState {
-  std::string name;  ///< the parameter, buffer or child outside the slot
-  std::string what;  ///< "parameter", "buffer" or "child"
-};
-
-/// What a wrapper holds besides its slot that its kind does not declare in `owned_state`.
-std::optional<StrayState> stray_state(const torch::nn::Module& wrapper, const WrapperKind& kind) {
-  for (const auto& item : wrapper.named_parameters(/*recurse=*/false)) {
-    if (item.value().defined() && !kind.owns(item.key())) {
-      return StrayState{item.key(), "parameter"};
-    }
-  }
-  for (const auto& item : wrapper.named_buffers(/*recurse=*/false)) {
-    if (item.value().defined() && !kind.owns(item.key())) return StrayState{item.key(), "buffer"};
-  }
-  for (const auto& item : wrapper.named_children()) {
-    if (item.key() != kind.slot && !kind.owns(item.key())) return StrayState{item.key(), "child"};
-  }
-  return std::nullopt;
-}
+using detail::stray_state;
 
 std::string non_persistent_mark(const std::string& buffer) {
   return "non-persistent:" + buffer;

@@ -1,3 +1,4 @@
+#include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/printer.h>
@@ -31,8 +32,13 @@ rc::Gen<std::vector<std::string>> stack(const GenOptions& o, bool allowed, bool 
   if (!o.wrappers || !allowed) return rc::gen::just(std::vector<std::string>{});
   std::vector<std::string> kinds;
   for (const auto& k : o.kinds) {
-    const auto* kind = Registry::global().contains(k) ? &Registry::global().at(k) : nullptr;
-    if (root || !kind || kind->numerics != Numerics::kChangesOutput) kinds.push_back(k);
+    // A kind or a mode (`Kind[mode]`); a name not registered yet fails when the tree is built.
+    Numerics numerics = Numerics::kBitwise;
+    try {
+      numerics = Registry::global().resolve(k).numerics();
+    } catch (const Error&) {
+    }
+    if (root || numerics != Numerics::kChangesOutput) kinds.push_back(k);
   }
   if (kinds.empty()) return rc::gen::just(std::vector<std::string>{});
   auto kind = rc::gen::elementOf(kinds);
