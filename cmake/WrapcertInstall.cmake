@@ -1,12 +1,13 @@
 # `cmake --install` + `find_package(wrapcert)` for consumers, with namespaced targets:
 # wrapcert::core, wrapcert::fixtures, wrapcert::gen, wrapcert::certify, wrapcert::plugin (what
-# a MODULE library of wrapper kinds builds against), and the CLI.
+# a MODULE library of wrapper kinds builds against), wrapcert::python (certification on real
+# PyTorch, with the worker's Python files in share/wrapcert/python), and the CLI.
 include(CMakePackageConfigHelpers)
 
 set(WRAPCERT_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/wrapcert")
 
 set(_wrapcert_targets wrapcert_core wrapcert_fixtures wrapcert_gen wrapcert_certify
-                      wrapcert_plugin)
+                      wrapcert_python wrapcert_plugin)
 if(TARGET wrapcert_cli)
   list(APPEND _wrapcert_targets wrapcert_cli)
 endif()
@@ -18,7 +19,10 @@ install(TARGETS ${_wrapcert_targets}
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/src/wrapcert"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-  FILES_MATCHING PATTERN "*.h" PATTERN "testing" EXCLUDE)
+  FILES_MATCHING PATTERN "*.h" PATTERN "testing" EXCLUDE PATTERN "worker.h" EXCLUDE)
+list(TRANSFORM WRAPCERT_PYTHON_FILES PREPEND "${PROJECT_SOURCE_DIR}/tools/python/"
+     OUTPUT_VARIABLE _wrapcert_python_files)
+install(FILES ${_wrapcert_python_files} DESTINATION "${CMAKE_INSTALL_DATADIR}/wrapcert/python")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/fixtures/include/wrapcert"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(EXPORT wrapcertTargets NAMESPACE wrapcert:: DESTINATION "${WRAPCERT_CMAKE_DIR}")

@@ -1,5 +1,6 @@
 // wrapcert: the command-line tool. `wrapcert demo` shows the seed's bug and its fix.
 
+#include <wrapcert/bridge.h>
 #include <wrapcert/certify.h>
 #include <wrapcert/check_keys.h>
 #include <wrapcert/checkpoint_file.h>
@@ -7,6 +8,7 @@
 #include <wrapcert/fixtures/demo.h>
 #include <wrapcert/hardware.h>
 #include <wrapcert/plugin.h>
+#include <wrapcert/python/certify_python.h>
 #include <wrapcert/safetensors.h>
 #include <wrapcert/wrapcert.h>
 
@@ -328,6 +330,39 @@ struct CertifyOptions {
   bool in_process = false;
 };
 
+/// googletest's rhythm on the console.
+wrapcert::certify::Listener console_listener(bool quiet) {
+  return [quiet](const wrapcert::certify::Entry& e, bool done) {
+    if (quiet) return;
+    const std::string name = e.kind + "." + e.property + " [" + e.target + "]";
+    if (!done) {
+      std::cout << "[ RUN      ] " << name << std::endl;
+      return;
+    }
+    const char* tag = e.status == wrapcert::certify::Status::kFailed    ? "[  FAILED  ] "
+                      : e.status == wrapcert::certify::Status::kSkipped ? "[  SKIPPED ] "
+                                                                        : "[       OK ] ";
+    if (e.status != wrapcert::certify::Status::kPassed) {
+      std::cout << e.reason << (e.key.empty() ? "" : " at '" + e.key + "'") << "\n";
+      if (!e.counterexample.empty()) std::cout << e.counterexample << "\n";
+      if (!e.replay.empty()) std::cout << "replay: " << e.replay << "\n";
+    }
+    std::cout << tag << name << " (" << e.cases << " cases, " << static_cast<int>(e.seconds * 1000)
+              << " ms)" << std::endl;
+  };
+}
+
+int write_reports(const wrapcert::certify::Report& report, const std::string& markdown,
+                  const std::string& json, const std::string& junit) {
+  std::cout << "\n" << wrapcert::certify::to_summary(report);
+  if (!markdown.empty()) {
+    wrapcert::write_file_atomically(markdown, wrapcert::certify::to_markdown(report));
+  }
+  if (!json.empty()) wrapcert::write_file_atomically(json, wrapcert::certify::to_json(report));
+  if (!junit.empty()) wrapcert::write_file_atomically(junit, wrapcert::certify::to_junit(report));
+  return report.passed() ? 0 : kExitFound;
+}
+
 int run_certify(const CertifyOptions& o) {
   for (const auto& plugin : o.plugins) {
     std::cout << "plugin " << plugin << ":";
@@ -353,33 +388,44 @@ int run_certify(const CertifyOptions& o) {
   options.seed = o.seed;
   options.timeout_seconds = o.timeout;
   options.isolate = !o.in_process;
-  // googletest's rhythm on the console.
-  auto listener = [quiet = o.quiet](const wrapcert::certify::Entry& e, bool done) {
-    if (quiet) return;
-    const std::string name = e.kind + "." + e.property + " [" + e.target + "]";
-    if (!done) {
-      std::cout << "[ RUN      ] " << name << std::endl;
-      return;
+  const auto report = wrapcert::certify::certify(options, console_listener(o.quiet));
+  return write_reports(report, o.markdown, o.json, o.junit);
+}
+
+struct CertifyPythonOptions {
+  wrapcert::python::Options options;
+  std::vector<std::string> slots;  // wrapper=slot
+  std::string markdown;
+  std::string json;
+  std::string junit;
+  bool quiet = false;
+};
+
+int run_certify_python(CertifyPythonOptions& o) {
+  for (const auto& s : o.slots) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
+      throw CLI::ValidationError("--slot", "'" + s + "' is not WRAPPER=SLOT");
     }
-    const char* tag = e.status == wrapcert::certify::Status::kFailed    ? "[  FAILED  ] "
-                      : e.status == wrapcert::certify::Status::kSkipped ? "[  SKIPPED ] "
-                                                                        : "[       OK ] ";
-    if (e.status != wrapcert::certify::Status::kPassed) {
-      std::cout << e.reason << (e.key.empty() ? "" : " at '" + e.key + "'") << "\n";
-      if (!e.counterexample.empty()) std::cout << e.counterexample << "\n";
-      if (!e.replay.empty()) std::cout << "replay: " << e.replay << "\n";
-    }
-    std::cout << tag << name << " (" << e.cases << " cases, " << static_cast<int>(e.seconds * 1000)
-              << " ms)" << std::endl;
-  };
-  const auto report = wrapcert::certify::certify(options, listener);
-  std::cout << "\n" << wrapcert::certify::to_summary(report);
-  if (!o.markdown.empty())
-    wrapcert::write_file_atomically(o.markdown, wrapcert::certify::to_markdown(report));
-  if (!o.json.empty()) wrapcert::write_file_atomically(o.json, wrapcert::certify::to_json(report));
-  if (!o.junit.empty())
-    wrapcert::write_file_atomically(o.junit, wrapcert::certify::to_junit(report));
-  return report.passed() ? 0 : 1;
+    o.options.slots[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  const auto report = wrapcert::python::certify_python(o.options, console_listener(o.quiet));
+  return write_reports(report, o.markdown, o.json, o.junit);
+}
+
+int run_check_dump(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw wrapcert::Error(wrapcert::ErrorCode::kMalformedInput, "", "cannot read " + file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bool passed = true;
+  for (const auto& v : wrapcert::bridge::check_tree_dump(text)) {
+    std::cout << (v.skipped ? "skip " : v.passed ? "pass " : "FAIL ") << v.property;
+    if (!v.passed || v.skipped) std::cout << ": " << v.reason;
+    if (!v.key.empty()) std::cout << " at '" << v.key << "'";
+    std::cout << "\n";
+    passed = passed && v.passed;
+  }
+  return passed ? 0 : kExitFound;
 }
 
 }  // namespace
@@ -485,6 +531,52 @@ int main(int argc, char** argv) {
                         "run the checks in this process (no crash or hang isolation; for "
                         "debuggers)");
   certify_cmd->callback([&] { std::exit(run_certify(certify)); });
+
+  CertifyPythonOptions py;
+  auto* py_cmd = app.add_subcommand(
+      "certify-python",
+      "Certify real Python wrappers, or a Python unwrap function, on generated trees built in "
+      "PyTorch by a persistent worker ($WRAPCERT_PYTHON, else /usr/bin/python3)");
+  py_cmd
+      ->add_option("--wrapper", py.options.wrappers,
+                   "a wrapper: package.module:callable (through PYTHONPATH) or DataParallel, "
+                   "DistributedDataParallel, checkpoint_wrapper, checkpoint_wrapper[reentrant], "
+                   "SpmdFullyShardedDataParallel; repeatable")
+      ->required();
+  py_cmd->add_option("--slot", py.slots,
+                     "WRAPPER=SLOT: the child a wrapper keeps the module in, where it is not "
+                     "found as the child that is the module given; repeatable");
+  py_cmd->add_option("--unwrap", py.options.unwrap,
+                     "the unwrap function to certify (package.module:callable, model -> module); "
+                     "default: wrapcert's reference unwrap ported to Python");
+  py_cmd->add_option("--cases", py.options.cases, "generated cases per property")
+      ->check(CLI::Range(1, 1000000));
+  py_cmd->add_option("--max-size", py.options.max_size, "rapidcheck size bound")
+      ->check(CLI::Range(1, 10000));
+  py_cmd->add_option("--seed", py.options.seed, "seed (0: random, printed for replay)");
+  py_cmd
+      ->add_option("--tolerance", py.options.tolerance,
+                   "P4: largest difference allowed in outputs and gradients (0: bit for bit)")
+      ->check(CLI::NonNegativeNumber);
+  py_cmd
+      ->add_option("--timeout", py.options.timeout_seconds,
+                   "seconds one case may take before the worker is stopped as hung")
+      ->check(CLI::Range(0.1, 86400.0));
+  py_cmd->add_option("--repro", py.options.repro,
+                     "write a standalone Python script reproducing the first failure here");
+  py_cmd->add_option("--markdown", py.markdown, "write a Markdown report");
+  py_cmd->add_option("--json", py.json, "write a JSON report");
+  py_cmd->add_option("--junit", py.junit, "write a JUnit XML report");
+  py_cmd->add_flag("--quiet", py.quiet, "print only the summary table");
+  py_cmd->callback([&] { std::exit(run_certify_python(py)); });
+
+  std::string dump_file;
+  auto* dump_cmd = app.add_subcommand(
+      "check-dump",
+      "Check a module tree dumped from PyTorch by tools/torch_tree_dump.py (P1, P3, P8, and P9 "
+      "for a tree without wrappers); exit 0 passed, 1 failed, 2 malformed");
+  dump_cmd->add_option("file", dump_file, "the dump (JSON)")->required();
+  dump_cmd->callback([&] { std::exit(run_check_dump(dump_file)); });
 
   bool hardware_json = false;
   auto* hardware_cmd = app.add_subcommand("hardware", "Show the CPU, CUDA devices and TPUs found");

@@ -1,0 +1,839 @@
+#include <wrapcert/atomic_file.h>
+#include <wrapcert/bridge.h>
+#include <wrapcert/error.h>
+#include <wrapcert/gen/build.h>
+#include <wrapcert/gen/generators.h>
+#include <wrapcert/python/certify_python.h>
+#include <wrapcert/python/worker.h>
+
+#include <rapidcheck.h>
+
+#include <unistd.h>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+
+namespace wrapcert::python {
+namespace {
+
+using certify::Entry;
+using certify::Status;
+using json = nlohmann::json;
+using props::Verdict;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kGenerated = "generated trees";
+
+// ---------------------------------------------------------------------------------------------
+// Specs as the worker reads them
+
+const char* leaf_name(gen::Leaf leaf) {
+  switch (leaf) {
+    case gen::Leaf::kLinear:
+      return "Linear";
+    case gen::Leaf::kLinearNoBias:
+      return "LinearNoBias";
+    case gen::Leaf::kEmbedding:
+      return "Embedding";
+    case gen::Leaf::kLayerNorm:
+      return "LayerNorm";
+    case gen::Leaf::kRMSNorm:
+      return "RMSNorm";
+    case gen::Leaf::kBuffered:
+      return "Buffered";
+  }
+  return "Linear";
+}
+
+const char* container_name(gen::Container c) {
+  switch (c) {
+    case gen::Container::kCustom:
+      return "Custom";
+    case gen::Container::kSequential:
+      return "Sequential";
+    case gen::Container::kModuleList:
+      return "ModuleList";
+    case gen::Container::kModuleDict:
+      return "ModuleDict";
+  }
+  return "Custom";
+}
+
+json to_json(const gen::NodeSpec& n) {
+  json j;
+  j["wrappers"] = n.wrappers;
+  switch (n.type) {
+    case gen::NodeSpec::Type::kLeaf:
+      j["type"] = "leaf";
+      j["leaf"] = leaf_name(n.leaf);
+      j["tie"] = n.tie;
+      break;
+    case gen::NodeSpec::Type::kShared:
+      j["type"] = "shared";
+      j["shared"] = n.shared;
+      break;
+    case gen::NodeSpec::Type::kContainer: {
+      j["type"] = "container";
+      j["container"] = container_name(n.container);
+      json children = json::array();
+      for (const auto& [name, child] : n.children) children.push_back({name, to_json(child)});
+      j["children"] = std::move(children);
+      break;
+    }
+  }
+  return j;
+}
+
+json to_json(const gen::TreeSpec& spec) {
+  return {{"dim", spec.dim}, {"root", to_json(spec.root)}};
+}
+
+bool has_wrappers(const gen::NodeSpec& n) {
+  if (!n.wrappers.empty()) return true;
+  for (const auto& c : n.children) {
+    if (has_wrappers(c.second)) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One case as the worker saw it
+
+/// The worker's reply to a case, or the fault that stood in for one.
+struct Observed {
+  Reply reply;
+  bool ok() const { return reply.fault == Fault::kNone && reply.body.value("ok", false); }
+  const json& data() const { return reply.body.at("case"); }
+  /// A field of a reply that says what was raised; empty after a fault.
+  std::string field(const char* name) const {
+    return reply.fault == Fault::kNone ? reply.body.value(name, std::string()) : std::string();
+  }
+  std::string stage() const { return field("stage"); }
+};
+
+using Keys = std::vector<std::pair<std::string, int64_t>>;  // key, tensor number
+
+Keys keys_of(const json& entries) {
+  Keys out;
+  for (const auto& e : entries)
+    out.emplace_back(e.at(0).get<std::string>(), e.at(1).get<int64_t>());
+  return out;
+}
+
+Verdict pass(const std::string& property) {
+  Verdict v;
+  v.property = property;
+  return v;
+}
+
+Verdict fail(const std::string& property, std::string reason, std::string key = {}) {
+  Verdict v;
+  v.property = property;
+  v.passed = false;
+  v.reason = std::move(reason);
+  v.key = std::move(key);
+  return v;
+}
+
+/// P1's comparison: same keys, same order, same count (never a zip).
+Verdict same_keys(const std::string& property, const Keys& got, const Keys& want,
+                  const std::string& what) {
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (got[i].first != want[i].first) {
+      return fail(property,
+                  what + " has key " + std::to_string(i) + " '" + got[i].first +
+                      "' where the model has '" + want[i].first + "'",
+                  got[i].first);
+    }
+  }
+  if (got.size() > want.size()) {
+    return fail(
+        property,
+        what + " has " + std::to_string(got.size() - want.size()) + " key(s) more than the model",
+        got[want.size()].first);
+  }
+  if (got.size() < want.size()) {
+    return fail(property, what + " lacks the model's key '" + want[got.size()].first + "'",
+                want[got.size()].first);
+  }
+  return pass(property);
+}
+
+std::set<std::vector<std::string>> tie_groups(const Keys& keys) {
+  std::map<int64_t, std::vector<std::string>> by;
+  for (const auto& [k, t] : keys) by[t].push_back(k);
+  std::set<std::vector<std::string>> out;
+  for (auto& [t, ks] : by) {
+    if (ks.size() > 1) out.insert(ks);
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+/// What the subject or the wrapped model raised, as a failed verdict for `property`.
+std::optional<Verdict> common_failure(const std::string& property, const Observed& o,
+                                      const std::string& subject) {
+  if (o.reply.fault != Fault::kNone) return fail(property, o.reply.message);
+  if (o.ok()) return std::nullopt;
+  const auto stage = o.stage();
+  const auto error = o.field("error");
+  if (stage == "unwrap")
+    return fail(property, "the unwrap subject " + subject + " raised " + error);
+  if (stage == "contract") {
+    return fail(property, "the wrapper " + o.field("who") + ": " + error);
+  }
+  return fail(property, "the worker could not run the case (" + stage + "): " + error);
+}
+
+using Check = std::function<Verdict(const gen::TreeSpec&, const Observed&)>;
+
+struct PythonProperty {
+  std::string name;
+  bool numerics = false;  ///< the case must run forward and backward
+  std::function<void(gen::GenOptions&)> adjust;
+  Check check;
+};
+
+double parse_hex(const json& v) {
+  return std::strtod(v.get<std::string>().c_str(), nullptr);
+}
+
+/// Compares two runs' hex-float lists; empty when they agree within `tolerance`.
+std::string differs(const json& a, const json& b, double tolerance) {
+  if (a.size() != b.size()) {
+    return std::to_string(a.size()) + " values against " + std::to_string(b.size());
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = parse_hex(a[i]), y = parse_hex(b[i]);
+    const bool same = tolerance == 0.0 ? (x == y || (std::isnan(x) && std::isnan(y)))
+                                       : std::fabs(x - y) <= tolerance;
+    if (!same) {
+      return "value " + std::to_string(i) + " is " + a[i].get<std::string>() + " against " +
+             b[i].get<std::string>();
+    }
+  }
+  return {};
+}
+
+/// The first key (of the model) naming tensor number `t`.
+std::string key_of(const Keys& keys, const std::string& t) {
+  if (t == "input") return "the input";
+  for (const auto& [k, id] : keys) {
+    if (std::to_string(id) == t) return k;
+  }
+  return "tensor " + t;
+}
+
+/// P8's translator, driven by the wrapped model's tree as the worker saw it: a wrapped key's
+/// components are followed from the root, and where the path crosses a wrapper its slot is
+/// dropped, whether the key spells it or the wrapper left it out of its state dict (torch's
+/// CheckpointWrapper strips its own prefix in a state-dict hook). Where both readings name a
+/// tensor, the one that spells the slot wins.
+class Translation {
+ public:
+  explicit Translation(const json& d) {
+    std::map<std::string, std::string> slot_of;
+    for (const auto& w : d.at("wrappers")) slot_of[w[1].get<std::string>()] = w[2];
+    for (const auto& m : d.at("wrapped_modules")) {
+      const auto path = m[0].get<std::string>();
+      auto& node = nodes_[path];
+      if (const auto it = slot_of.find(m[1].get<std::string>()); it != slot_of.end()) {
+        node.slot = it->second;
+      }
+      for (const auto& name : m[3]) node.tensors.insert(name.get<std::string>());
+    }
+  }
+
+  std::optional<std::string> to_clean(const std::string& key) const {
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      const auto dot = key.find('.', start);
+      parts.push_back(key.substr(start, dot == std::string::npos ? dot : dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    std::vector<std::string> kept;
+    if (!walk("", parts, 0, kept)) return std::nullopt;
+    std::string out;
+    for (const auto& k : kept) out += (out.empty() ? "" : ".") + k;
+    return out;
+  }
+
+ private:
+  struct Node {
+    std::string slot;  // non-empty for a wrapper
+    std::set<std::string> tensors;
+  };
+  static std::string join(const std::string& path, const std::string& name) {
+    return path.empty() ? name : path + "." + name;
+  }
+  bool walk(const std::string& path, const std::vector<std::string>& parts, size_t i,
+            std::vector<std::string>& kept) const {
+    const auto it = nodes_.find(path);
+    if (it == nodes_.end()) return false;
+    const auto& node = it->second;
+    if (!node.slot.empty()) {
+      if (i + 1 == parts.size() && node.tensors.count(parts[i])) {  // the wrapper's own state
+        kept.push_back(parts[i]);
+        return true;
+      }
+      const auto inner = join(path, node.slot);
+      if (parts[i] == node.slot && i + 1 < parts.size() && walk(inner, parts, i + 1, kept)) {
+        return true;
+      }
+      return walk(inner, parts, i, kept);  // the slot left out of the key
+    }
+    if (i + 1 == parts.size()) {
+      if (!node.tensors.count(parts[i])) return false;
+      kept.push_back(parts[i]);
+      return true;
+    }
+    kept.push_back(parts[i]);
+    if (walk(join(path, parts[i]), parts, i + 1, kept)) return true;
+    kept.pop_back();
+    return false;
+  }
+
+  std::map<std::string, Node> nodes_;
+};
+
+std::vector<PythonProperty> python_properties(const Options& options) {
+  const std::string subject = options.unwrap.empty() ? "(the reference port)" : options.unwrap;
+  std::vector<PythonProperty> out;
+  auto plain = [](gen::GenOptions&) {};
+
+  out.push_back({"layout", false, plain, [](const gen::TreeSpec& spec, const Observed& o) {
+                   if (!o.ok() && o.stage() != "unwrap" && o.stage() != "contract") {
+                     return *common_failure("layout", o, "");
+                   }
+                   if (!o.ok()) return pass("layout");
+                   // The same spec built by the C++ builder has the same keys.
+                   Keys want;
+                   for (const auto& item : gen::build(spec, {c10::kDouble, 0, false}).original) {
+                     want.emplace_back(item.key(), 0);
+                   }
+                   return same_keys("layout", keys_of(o.data().at("original")), want,
+                                    "the model built in Python");
+                 }});
+  out.push_back({"P1 keys", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+                   if (auto f = common_failure("P1 keys", o, subject)) return *f;
+                   const auto& d = o.data();
+                   auto v = same_keys("P1 keys", keys_of(d.at("unwrapped")),
+                                      keys_of(d.at("original")), "the unwrapped model");
+                   if (v.passed && !d.at("unwrapped_wrappers").empty()) {
+                     const auto path = d.at("unwrapped_wrappers")[0].get<std::string>();
+                     return fail("P1 keys", "a wrapper is still on the path '" + path + "'", path);
+                   }
+                   return v;
+                 }});
+  out.push_back({"P2 identity", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+                   if (auto f = common_failure("P2 identity", o, subject)) return *f;
+                   const auto original = keys_of(o.data().at("original"));
+                   std::map<std::string, int64_t> got;
+                   for (const auto& [k, t] : keys_of(o.data().at("unwrapped"))) got[k] = t;
+                   for (const auto& [k, t] : original) {
+                     const auto it = got.find(k);
+                     if (it == got.end()) {
+                       return fail("P2 identity", "the model's tensor is missing after unwrap", k);
+                     }
+                     if (it->second != t) {
+                       return fail("P2 identity", "not the model's own tensor after unwrap", k);
+                     }
+                   }
+                   return pass("P2 identity");
+                 }});
+  out.push_back({"P3 ties", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+                   if (auto f = common_failure("P3 ties", o, subject)) return *f;
+                   const auto want = tie_groups(keys_of(o.data().at("original")));
+                   const auto got = tie_groups(keys_of(o.data().at("unwrapped")));
+                   for (const auto& g : want) {
+                     if (!got.count(g)) {
+                       return fail("P3 ties",
+                                   "the keys " + joined(g) +
+                                       " share one tensor in the model, not after unwrap",
+                                   g.front());
+                     }
+                   }
+                   for (const auto& g : got) {
+                     if (!want.count(g)) {
+                       return fail("P3 ties",
+                                   "the keys " + joined(g) +
+                                       " share one tensor after unwrap, not in the model",
+                                   g.front());
+                     }
+                   }
+                   return pass("P3 ties");
+                 }});
+  const double tolerance = options.tolerance;
+  out.push_back(
+      {"P4 backward", true, plain,
+       [subject, tolerance](const gen::TreeSpec&, const Observed& o) -> Verdict {
+         const std::string p = "P4 backward";
+         if (auto f = common_failure(p, o, subject)) return *f;
+         const auto& d = o.data();
+         if (d.contains("run_wrapped_error")) {
+           return fail(
+               p, "the wrapped model does not run: " + d["run_wrapped_error"].get<std::string>());
+         }
+         if (d.contains("run_unwrapped_error")) {
+           return fail(p, "the unwrapped model does not run: " +
+                              d["run_unwrapped_error"].get<std::string>());
+         }
+         const auto original = keys_of(d.at("original"));
+         const auto& m = d.at("run_original");
+         for (const char* which : {"run_wrapped", "run_unwrapped"}) {
+           const std::string name = std::string(which) == "run_wrapped" ? "wrapped" : "unwrapped";
+           const auto& r = d.at(which);
+           if (auto why = differs(r.at("output"), m.at("output"), tolerance); !why.empty()) {
+             return fail(p, "the " + name + " model's output differs from the model's: " + why);
+           }
+           for (const auto& [t, g] : m.at("grads").items()) {
+             if (!r.at("grads").contains(t)) {
+               return fail(p, "no gradient in the " + name + " run", key_of(original, t));
+             }
+             if (auto why = differs(r.at("grads")[t], g, tolerance); !why.empty()) {
+               return fail(p, "the gradient in the " + name + " run differs: " + why,
+                           key_of(original, t));
+             }
+           }
+           for (const auto& [t, g] : r.at("grads").items()) {
+             if (!m.at("grads").contains(t)) {
+               return fail(p, "a gradient in the " + name + " run the model has none for",
+                           key_of(original, t));
+             }
+           }
+         }
+         const auto& wrappers = d.at("wrappers");
+         for (size_t i = 0; i < wrappers.size(); ++i) {
+           const auto where = wrappers[i][3].get<std::string>();
+           if (d.at("wrapped_calls")[i].get<int>() == 0) {
+             return fail(p,
+                         "the wrapped run did not go through the " +
+                             wrappers[i][1].get<std::string>() + " at '" + where + "'",
+                         where);
+           }
+           if (d.at("unwrapped_calls")[i].get<int>() != 0) {
+             return fail(p,
+                         "the unwrapped run went through the " + wrappers[i][1].get<std::string>() +
+                             " at '" + where + "'",
+                         where);
+           }
+         }
+         return pass(p);
+       }});
+  out.push_back(
+      {"P5 non-mutation", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+         const std::string p = "P5 non-mutation";
+         if (auto f = common_failure(p, o, subject)) return *f;
+         const auto& d = o.data();
+         const auto before = keys_of(d.at("wrapped")), after = keys_of(d.at("wrapped_after"));
+         auto v = same_keys(p, after, before, "the wrapped model after unwrap");
+         if (!v.passed) return v;
+         for (size_t i = 0; i < before.size(); ++i) {
+           if (before[i].second != after[i].second) {
+             return fail(p, "the wrapped model holds another tensor after unwrap", before[i].first);
+           }
+         }
+         const auto& mb = d.at("wrapped_modules");
+         const auto& ma = d.at("wrapped_modules_after");
+         for (size_t i = 0; i < std::min(mb.size(), ma.size()); ++i) {
+           if (mb[i] != ma[i]) {
+             const auto path = mb[i][0].get<std::string>();
+             return fail(p,
+                         "the wrapped model changed at '" + path + "': it held a " +
+                             mb[i][1].get<std::string>() + ", now '" + ma[i][0].get<std::string>() +
+                             "' is a " + ma[i][1].get<std::string>(),
+                         path);
+           }
+         }
+         if (mb.size() != ma.size()) {
+           return fail(p, "the wrapped model has " + std::to_string(ma.size()) +
+                              " module paths after unwrap, " + std::to_string(mb.size()) +
+                              " before");
+         }
+         return pass(p);
+       }});
+  out.push_back({"P6 laws", false, plain, [subject](const gen::TreeSpec& spec, const Observed& o) {
+                   const std::string p = "P6 laws";
+                   if (auto f = common_failure(p, o, subject)) return *f;
+                   const auto& d = o.data();
+                   if (d.contains("again_error")) {
+                     return fail(p, "unwrapping the unwrapped model raised " +
+                                        d["again_error"].get<std::string>());
+                   }
+                   const auto once = keys_of(d.at("unwrapped")), twice = keys_of(d.at("again"));
+                   auto v = same_keys(p, twice, once, "u(u(x))");
+                   if (!v.passed) return v;
+                   if (once != twice) return fail(p, "u(u(x)) holds other tensors than u(x)");
+                   if (!has_wrappers(spec.root) && !d.at("unwrapped_is_model").get<bool>()) {
+                     return fail(p, "u(M) is not M for a model without wrappers");
+                   }
+                   return pass(p);
+                 }});
+  out.push_back(
+      {"P8 translation", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+         const std::string p = "P8 translation";
+         if (auto f = common_failure(p, o, subject)) return *f;
+         const auto& d = o.data();
+         const Translation translation(d);
+         std::map<std::string, int64_t> model;
+         for (const auto& [k, t] : keys_of(d.at("original"))) model.emplace(k, t);
+         std::set<std::string> seen;
+         const auto wrapped = keys_of(d.at("wrapped"));
+         for (const auto& [key, t] : wrapped) {
+           const auto clean = translation.to_clean(key);
+           if (!clean) {
+             return fail(p, "names no tensor of the wrapped model's tree", key);
+           }
+           if (!seen.insert(*clean).second) {
+             return fail(p, "two wrapped keys translate to '" + *clean + "'", key);
+           }
+           const auto it = model.find(*clean);
+           if (it == model.end()) {
+             return fail(p, "translates to '" + *clean + "', which the model does not have", key);
+           }
+           if (it->second != t) {
+             return fail(
+                 p, "translates to '" + *clean + "', which holds another tensor in the model", key);
+           }
+         }
+         if (wrapped.size() != model.size()) {
+           return fail(p, "the wrapped model has " + std::to_string(wrapped.size()) +
+                              " keys, the model " + std::to_string(model.size()));
+         }
+         return pass(p);
+       }});
+  out.push_back({"P9 no false positives", false,
+                 [](gen::GenOptions& g) {
+                   g.wrappers = false;
+                   g.adversarial_names = true;
+                 },
+                 [subject](const gen::TreeSpec&, const Observed& o) {
+                   const std::string p = "P9 no false positives";
+                   if (auto f = common_failure(p, o, subject)) return *f;
+                   const auto& d = o.data();
+                   auto v = same_keys(p, keys_of(d.at("unwrapped")), keys_of(d.at("original")),
+                                      "the unwrapped model (which had no wrappers)");
+                   if (!v.passed) return v;
+                   if (!d.at("unwrapped_is_model").get<bool>()) {
+                     return fail(p, "a model without wrappers did not come back as itself");
+                   }
+                   return pass(p);
+                 }});
+  out.push_back(
+      {"P11 graph safety", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+         const std::string p = "P11 graph safety";
+         if (auto f = common_failure(p, o, subject)) return *f;
+         auto groups = [](const json& modules) {
+           std::map<int64_t, std::vector<std::string>> by;
+           for (const auto& m : modules) by[m[2].get<int64_t>()].push_back(m[0]);
+           std::set<std::vector<std::string>> out;
+           for (auto& [id, paths] : by) {
+             if (paths.size() > 1) out.insert(paths);
+           }
+           return out;
+         };
+         const auto want = groups(o.data().at("original_modules"));
+         const auto got = groups(o.data().at("unwrapped_modules"));
+         for (const auto& g : want) {
+           if (!got.count(g)) {
+             return fail(
+                 p, "the paths " + joined(g) + " reach one module in the model, not after unwrap",
+                 g.front());
+           }
+         }
+         return pass(p);
+       }});
+  out.push_back({"P13 values", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+                   const std::string p = "P13 values";
+                   if (auto f = common_failure(p, o, subject)) return *f;
+                   const auto& tensors = o.data().at("tensors");
+                   std::map<std::string, json> model;
+                   for (const auto& [k, t] : keys_of(o.data().at("original")))
+                     model[k] = tensors.at(t);
+                   for (const auto& [k, t] : keys_of(o.data().at("unwrapped"))) {
+                     const auto it = model.find(k);
+                     if (it == model.end()) continue;  // P1's finding
+                     const auto& got = tensors.at(t);
+                     if (got.at("shape") != it->second.at("shape") ||
+                         got.at("dtype") != it->second.at("dtype")) {
+                       return fail(p, "shape or dtype differs from the model's", k);
+                     }
+                     if (got.at("digest") != it->second.at("digest")) {
+                       return fail(p, "the values differ from the model's", k);
+                     }
+                   }
+                   return pass(p);
+                 }});
+  return out;
+}
+
+/// Listens to nothing: rapidcheck's default listener would report each failure again at exit.
+class QuietListener : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+std::string shell_quote(const std::string& s) {
+  if (s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:/=") ==
+      std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+class Runner {
+ public:
+  explicit Runner(const Options& options)
+      : options_(options),
+        worker_({options.interpreter.empty() ? bridge::python() : options.interpreter,
+                 (std::filesystem::path(worker_dir(options)) / "wrapcert_worker.py").string(),
+                 options.timeout_seconds}) {}
+
+  /// Starts the worker and checks every wrapper and the subject import.
+  void hello() {
+    const auto reply = worker_.call(
+        {{"op", "resolve"}, {"wrappers", options_.wrappers}, {"unwrap", options_.unwrap}});
+    if (reply.fault != Fault::kNone) {
+      throw Error(ErrorCode::kInvalidArgument, "",
+                  "the Python worker did not start: " + reply.message + "\n" + reply.stderr_tail);
+    }
+    if (!reply.body.value("ok", false)) {
+      throw Error(ErrorCode::kInvalidArgument, reply.body.value("who", std::string()),
+                  reply.body.value("error", std::string("the worker refused the run")));
+    }
+    torch_version_ = reply.body.value("torch", std::string());
+  }
+
+  const Observed& observe(const gen::TreeSpec& spec, bool numerics, uint64_t seed) {
+    json request = {{"op", "case"},
+                    {"spec", to_json(spec)},
+                    {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
+                    {"slots", options_.slots},
+                    {"seed", seed},
+                    {"numerics", numerics}};
+    const auto key = request.dump();
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    ++calls_[numerics];
+    const auto start = Clock::now();
+    Observed o{worker_.call(request)};
+    seconds_[numerics] += std::chrono::duration<double>(Clock::now() - start).count();
+    return memo_.emplace(key, std::move(o)).first->second;
+  }
+
+  json repro_request(const gen::TreeSpec& spec, bool numerics, uint64_t seed) const {
+    return {{"op", "repro"},
+            {"spec", to_json(spec)},
+            {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
+            {"slots", options_.slots},
+            {"seed", seed},
+            {"numerics", numerics}};
+  }
+  Worker& worker() { return worker_; }
+  const std::string& torch_version() const { return torch_version_; }
+  int calls(bool numerics) const { return calls_[numerics]; }
+  double seconds(bool numerics) const { return seconds_[numerics]; }
+
+ private:
+  const Options& options_;
+  Worker worker_;
+  std::map<std::string, Observed> memo_;
+  std::string torch_version_;
+  int calls_[2] = {0, 0};
+  double seconds_[2] = {0, 0};
+};
+
+/// A spec as an indented outline, for a case the worker could not print (it died on it).
+void outline(const gen::NodeSpec& n, const std::string& name, int depth, std::string& out) {
+  out +=
+      std::string(static_cast<size_t>(depth) * 2, ' ') + (name.empty() ? "" : "(" + name + "): ");
+  switch (n.type) {
+    case gen::NodeSpec::Type::kLeaf:
+      out += leaf_name(n.leaf);
+      if (n.tie >= 0) out += " (weight tied)";
+      break;
+    case gen::NodeSpec::Type::kShared:
+      out += "a module built before (shared)";
+      break;
+    case gen::NodeSpec::Type::kContainer:
+      out += n.container == gen::Container::kCustom ? "Block" : container_name(n.container);
+      break;
+  }
+  if (!n.wrappers.empty()) out += " wrapped in " + joined(n.wrappers) + " (innermost first)";
+  out += "\n";
+  for (const auto& [child, spec] : n.children) outline(spec, child, depth + 1, out);
+}
+
+/// The counterexample as a reader wants it: the wrapped model as PyTorch printed it, its keys,
+/// what the subject gave back, and the Python traceback where one was raised.
+std::string describe(const gen::TreeSpec& spec, const Observed& o) {
+  std::string out;
+  if (o.ok()) {
+    const auto& d = o.data();
+    out += d.value("wrapped_tree", std::string()) + "\nwrapped keys:\n";
+    for (const auto& [k, t] : keys_of(d.at("wrapped"))) out += "  " + k + "\n";
+    out += "unwrapped keys:\n";
+    for (const auto& [k, t] : keys_of(d.at("unwrapped"))) out += "  " + k + "\n";
+    out += "model keys:\n";
+    for (const auto& [k, t] : keys_of(d.at("original"))) out += "  " + k + "\n";
+    std::set<int64_t> objects;
+    for (const auto& m : d.at("original_modules")) objects.insert(m[2].get<int64_t>());
+    out += std::to_string(objects.size()) + " modules, " + std::to_string(d.at("wrappers").size()) +
+           " wrappers";
+    return out;
+  }
+  out += "the generated model, before wrapping:\n";
+  outline(spec.root, "", 0, out);
+  if (o.reply.fault != Fault::kNone) {
+    out += o.reply.message + "\n";
+  } else {
+    out +=
+        o.stage() + " (" + o.field("who") + "): " + o.field("error") + "\n" + o.field("traceback");
+  }
+  if (!o.reply.stderr_tail.empty()) out += "the worker's last output:\n" + o.reply.stderr_tail;
+  return out;
+}
+
+}  // namespace
+
+std::string worker_dir(const Options& options) {
+  if (!options.worker_dir.empty()) return options.worker_dir;
+  if (const char* d = std::getenv("WRAPCERT_PYTHON_DIR"); d && *d) return d;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const auto& candidate :
+         {exe.parent_path() / "share" / "wrapcert" / "python",
+          exe.parent_path().parent_path() / "share" / "wrapcert" / "python"}) {
+      if (std::filesystem::exists(candidate / "wrapcert_worker.py", ec)) return candidate.string();
+    }
+  }
+  throw Error(ErrorCode::kInvalidArgument, "",
+              "cannot find wrapcert_worker.py beside the executable; set WRAPCERT_PYTHON_DIR");
+}
+
+certify::Report certify_python(const Options& options, const certify::Listener& listener) {
+  if (options.wrappers.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "", "certify-python needs at least one --wrapper");
+  }
+  certify::Report report;
+  report.options.kinds = options.wrappers;
+  report.options.fixtures = {};
+  report.options.cases = options.cases;
+  report.options.max_size = options.max_size;
+  report.options.seed = options.seed ? options.seed : std::random_device{}();
+  report.options.timeout_seconds = static_cast<int>(options.timeout_seconds);
+  // The subject is Python code in the worker; reports name it (it is never called here).
+  report.options.custom_subject = [](const ModulePtr&) -> props::Unwrapped {
+    throw Error(ErrorCode::kInvalidArgument, "", "a Python subject runs in the worker");
+  };
+  report.options.custom_subject_name =
+      options.unwrap.empty() ? "reference (Python port)" : options.unwrap;
+  const uint64_t seed = report.options.seed;
+
+  Runner runner(options);
+  runner.hello();
+  (void)rc::detail::configuration();  // rapidcheck says what RC_PARAMS gave it, once, here
+  const std::string kind = joined(options.wrappers);
+  std::string replay = "wrapcert certify-python";
+  for (const auto& w : options.wrappers) replay += " --wrapper " + shell_quote(w);
+  for (const auto& [w, s] : options.slots) replay += " --slot " + shell_quote(w + "=" + s);
+  if (!options.unwrap.empty()) replay += " --unwrap " + shell_quote(options.unwrap);
+  replay += " --seed " + std::to_string(seed) + " --cases " + std::to_string(options.cases);
+
+  bool repro_written = false;
+  for (const auto& property : python_properties(options)) {
+    Entry entry;
+    entry.kind = kind;
+    entry.property = property.name;
+    entry.target = kGenerated;
+    if (listener) listener(entry, false);
+    const auto start = Clock::now();
+    gen::GenOptions g;
+    g.kinds = options.wrappers;
+    property.adjust(g);
+    const auto trees = gen::trees(g);
+    auto shrunk = std::make_shared<gen::TreeSpec>();
+    auto verdict = std::make_shared<Verdict>();
+    bool faulted = false;
+    int runs = 0, refused = 0;
+    std::string refusal;
+    rc::detail::TestParams params;
+    params.seed = seed;
+    params.maxSuccess = options.cases;
+    params.maxSize = options.max_size;
+    QuietListener quiet;
+    const auto result = rc::detail::checkProperty(
+        rc::detail::toProperty([&] {
+          const auto spec = *trees;
+          // After a worker fault, shrinking stops: a smaller case that hangs too would cost
+          // another time limit, and the case that faulted is the one to report.
+          RC_PRE(!faulted);
+          const auto& o = runner.observe(spec, property.numerics, seed);
+          // A child name PyTorch refuses ("modules": a method of nn.Module) has no Python case.
+          RC_PRE(o.ok() || o.reply.fault != Fault::kNone || o.stage() != "unbuildable");
+          if (!o.ok() && o.reply.fault == Fault::kNone && o.stage() == "wrap") {
+            ++refused;  // a wrapper that refuses a module (DDP without parameters) is a skip
+            if (refusal.empty()) refusal = o.field("error");
+            RC_DISCARD("a wrapper refused the module");
+          }
+          ++runs;
+          const auto v = property.check(spec, o);
+          if (!v.passed) {
+            *shrunk = spec;
+            *verdict = v;
+            faulted = o.reply.fault != Fault::kNone;
+          }
+          RC_PRE(!v.skipped);
+          RC_ASSERT(v.passed);
+        }),
+        rc::detail::TestMetadata{kind + "." + property.name, property.name}, params, quiet);
+    entry.cases = runs;
+    rc::detail::FailureResult failure;
+    rc::detail::GaveUpResult gave_up;
+    if (result.match(failure)) {
+      entry.status = Status::kFailed;
+      entry.reason = verdict->reason.empty() ? failure.description : verdict->reason;
+      entry.key = verdict->key;
+      entry.counterexample = describe(*shrunk, runner.observe(*shrunk, property.numerics, seed));
+      entry.replay = replay;
+      if (!options.repro.empty() && !repro_written) {
+        const auto r = runner.worker().call(runner.repro_request(*shrunk, property.numerics, seed));
+        if (r.fault == Fault::kNone && r.body.value("ok", false)) {
+          write_file_atomically(options.repro, r.body.at("script").get<std::string>());
+          entry.counterexample += "\nrepro script: " + options.repro;
+          repro_written = true;
+        }
+      }
+    } else if (result.match(gave_up)) {
+      entry.status = runs == 0 ? Status::kFailed : Status::kSkipped;
+      entry.reason = runs == 0 ? "the wrappers refused every generated model: " + refusal
+                               : "too few generated cases apply: " + gave_up.description;
+    }
+    if (refused > 0 && entry.status == Status::kPassed) {
+      entry.reason =
+          std::to_string(refused) + " generated models refused by a wrapper (" + refusal + ")";
+    }
+    entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (listener) listener(entry, true);
+    report.entries.push_back(std::move(entry));
+  }
+  return report;
+}
+
+}  // namespace wrapcert::python

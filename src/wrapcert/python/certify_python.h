@@ -1,0 +1,60 @@
+#pragma once
+/// Certification on real PyTorch: wrapcert's generated trees are built as `torch.nn` modules by
+/// a persistent Python worker, wrapped with real Python wrappers and unwrapped with a real
+/// Python unwrap function; the properties are judged here, and a failing case shrinks to a small
+/// tree printed as PyTorch prints it, with a standalone script that reproduces it.
+///
+///   wrapcert::python::Options options;
+///   options.wrappers = {"torch.nn:DataParallel"};
+///   options.unwrap = "mypkg.utils:unwrap_model";  // empty: wrapcert's reference, ported
+///   const auto report = wrapcert::python::certify_python(options);
+///   std::cout << wrapcert::certify::to_markdown(report);
+
+#include <wrapcert/certify.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace wrapcert::python {
+
+struct Options {
+  /// Wrappers by import path (`package.module:callable`, found through PYTHONPATH) or by a
+  /// built-in name: DataParallel, DistributedDataParallel (gloo, world size 1),
+  /// checkpoint_wrapper (non-reentrant), checkpoint_wrapper[reentrant],
+  /// SpmdFullyShardedDataParallel (where torch_xla imports).
+  std::vector<std::string> wrappers;
+  /// A wrapper's child slot, where it is not the child that is the module it was given.
+  std::map<std::string, std::string> slots;
+  /// The unwrap function under test (`package.module:callable`, model -> module); empty: the
+  /// Python port of the reference unwrap, and the wrappers are what is certified.
+  std::string unwrap;
+  int cases = 100;     ///< generated cases per property
+  int max_size = 100;  ///< rapidcheck's size bound
+  uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
+  /// P4: largest absolute difference allowed between wrapped and unwrapped outputs and
+  /// gradients; 0 means bit for bit.
+  double tolerance = 0.0;
+  /// The interpreter: empty means $WRAPCERT_PYTHON, else /usr/bin/python3.
+  std::string interpreter;
+  /// Where wrapcert_worker.py is: empty means $WRAPCERT_PYTHON_DIR, else the copy installed
+  /// beside the wrapcert executable (share/wrapcert/python).
+  std::string worker_dir;
+  /// Seconds one case may take before the worker is stopped as hung.
+  double timeout_seconds = 120;
+  /// Also run the fixture rows (tiny Gemma and Mistral built in Python).
+  bool fixtures = true;
+  /// Where to write, for the first property that fails on a generated tree, a standalone
+  /// Python script that builds the shrunk tree, wraps it, unwraps it and exits 1 showing what
+  /// differs (the keys, a tensor, a gradient). Empty: none is written.
+  std::string repro;
+};
+
+/// The rows of one run: a property per row, on generated trees and on the fixtures. Throws
+/// `Error` when the worker cannot start or a wrapper or the subject does not import.
+certify::Report certify_python(const Options& options, const certify::Listener& listener = nullptr);
+
+/// Where the worker's Python files are (see `Options::worker_dir`).
+std::string worker_dir(const Options& options);
+
+}  // namespace wrapcert::python

@@ -1,0 +1,68 @@
+#pragma once
+/// A persistent Python process that answers JSON requests, one per line (the protocol is in
+/// docs/python.md). Whatever the code it runs does (raise, crash, hang, print), a call returns:
+/// a fault is a `Reply`, and the next call starts a fresh worker.
+///
+///   wrapcert::python::Worker worker({"/usr/bin/python3", "tools/python/wrapcert_worker.py"});
+///   auto reply = worker.call({{"op", "hello"}});
+///   if (reply.fault == wrapcert::python::Fault::kNone) std::cout << reply.body["torch"];
+
+#include <nlohmann/json.hpp>
+
+#include <sys/types.h>
+#include <string>
+
+namespace wrapcert::python {
+
+struct WorkerOptions {
+  std::string interpreter;       ///< the Python to run
+  std::string script;            ///< wrapcert_worker.py
+  double timeout_seconds = 120;  ///< per call; the worker is stopped as hung after it
+};
+
+enum class Fault {
+  kNone,     ///< a reply (which may say the code under test raised: body["ok"] is false)
+  kDied,     ///< the worker exited or was killed by a signal before replying
+  kHung,     ///< no reply within the time limit; the worker was stopped
+  kGarbage,  ///< the reply was not one JSON object with the request's id
+};
+const char* to_string(Fault fault);
+
+struct Reply {
+  Fault fault = Fault::kNone;
+  nlohmann::json body;      ///< the reply, when there was one
+  std::string message;      ///< for a fault: what happened, in one line
+  std::string stderr_tail;  ///< the worker's last stderr output (a Python traceback)
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Sends `request` (an "id" is added) and waits for its reply.
+  Reply call(nlohmann::json request);
+  /// How many processes were started so far (1 after the first call, more after faults).
+  int starts() const { return starts_; }
+
+ private:
+  void start();
+  /// Stops the process (SIGABRT first, so Python's faulthandler prints where it was).
+  void stop(bool abort_first);
+  void drain_stderr(int timeout_ms);
+
+  WorkerOptions options_;
+  pid_t pid_ = -1;
+  int in_ = -1;   // the worker's stdin (a socket: a dead reader is an error, not SIGPIPE)
+  int out_ = -1;  // its replies
+  int err_ = -1;  // its stderr
+  std::string out_buffer_;
+  std::string err_tail_;
+  int status_ = 0;  // how it ended, after stop()
+  long next_id_ = 1;
+  int starts_ = 0;
+};
+
+}  // namespace wrapcert::python

@@ -1,0 +1,665 @@
+#!/usr/bin/env python3
+"""wrapcert's Python worker: builds generated trees as real torch.nn modules, wraps them with
+real wrappers, unwraps them with the subject under test and reports what the properties need.
+Started once per run by `wrapcert certify-python`; needs only PyTorch and the standard library.
+
+Protocol (docs/python.md): one JSON object per line on stdin, one reply per line on the file
+descriptor the worker keeps for replies (its stdout when it started; anything the code under
+test prints goes to stderr). Every reply carries the request's "id".
+  {"id": 1, "op": "hello"}                      -> {"id": 1, "ok": true, "torch": "1.13.0"}
+  {"id": 2, "op": "case", "spec": {...}, "wrappers": {...}, "unwrap": null, "seed": 3,
+   "numerics": true}                             -> {"id": 2, "ok": true, "case": {...}}
+  {"id": 3, "op": "repro", ...same fields...}    -> {"id": 3, "ok": true, "script": "..."}
+  {"id": 4, "op": "fixture", "name": "tiny-gemma", "wrappers": {...}, "unwrap": null}
+A case that raises replies {"ok": false, "stage": "build|wrap|unwrap|run", "who": ...,
+"error": ..., "traceback": ...}.
+"""
+import copy
+import hashlib
+import importlib
+import json
+import keyword
+import os
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_text(name):
+    with open(os.path.join(HERE, name)) as f:
+        return f.read()
+
+
+PRELUDE = read_text("wrapcert_prelude.py")
+UNWRAP_PORT = read_text("wrapcert_unwrap.py")
+MODELS = {}
+exec(compile(PRELUDE, "wrapcert_prelude.py", "exec"), MODELS)
+PORT = {}
+exec(compile(UNWRAP_PORT, "wrapcert_unwrap.py", "exec"), PORT)
+import torch  # noqa: E402  (the prelude set the default dtype)
+import torch.nn as nn  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Wrappers and subjects by name
+
+
+class Failure(Exception):
+    def __init__(self, stage, who, error):
+        super().__init__(error)
+        self.stage, self.who, self.error = stage, who, error
+        self.trace = traceback.format_exc()
+
+
+def _ddp_group():
+    import tempfile
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="wrapcert-ddp-"), "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+
+def _ddp(module):
+    _ddp_group()
+    return nn.parallel.DistributedDataParallel(module)
+
+
+def _checkpoint(module):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def _checkpoint_reentrant(module):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.REENTRANT)
+
+
+def _spmd_fsdp(module):
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
+        SpmdFullyShardedDataParallel)
+    return SpmdFullyShardedDataParallel(module)
+
+
+# Built-in names: (callable, the lines a repro script needs, the expression it calls).
+BUILTINS = {
+    "DataParallel": (nn.DataParallel, ["from torch.nn import DataParallel"], "DataParallel"),
+    "DistributedDataParallel": (_ddp, [
+        "import os, tempfile",
+        "import torch.distributed as dist",
+        "dist.init_process_group('gloo', store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "
+        "'store'), 1), rank=0, world_size=1)",
+        "from torch.nn.parallel import DistributedDataParallel"], "DistributedDataParallel"),
+    "checkpoint_wrapper": (_checkpoint, [
+        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
+        "    CheckpointImpl, checkpoint_wrapper)"],
+        "lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT)"),
+    "checkpoint_wrapper[reentrant]": (_checkpoint_reentrant, [
+        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
+        "    CheckpointImpl, checkpoint_wrapper)"],
+        "lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.REENTRANT)"),
+    "SpmdFullyShardedDataParallel": (_spmd_fsdp, [
+        "from torch_xla.experimental.spmd_fully_sharded_data_parallel import (",
+        "    SpmdFullyShardedDataParallel)"], "SpmdFullyShardedDataParallel"),
+}
+
+# Wrapper classes the reference port knows without being told, and their slots.
+KNOWN_SLOTS = [
+    ("torch.nn", "DataParallel", "module"),
+    ("torch.nn.parallel", "DistributedDataParallel", "module"),
+    ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "CheckpointWrapper",
+     "_checkpoint_wrapped_module"),
+    ("torch.distributed.fsdp", "FullyShardedDataParallel", "_fsdp_wrapped_module"),
+    ("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+    ("torch_xla.experimental.spmd_fully_sharded_data_parallel", "SpmdFullyShardedDataParallel",
+     "_orig_module"),
+]
+
+
+def import_path(path):
+    """`pkg.mod:attr.sub` -> the object, importing `pkg.mod` through sys.path."""
+    module_name, sep, attrs = path.partition(":")
+    if not sep or not module_name or not attrs:
+        raise ValueError(f"'{path}' is not an import path of the form package.module:name")
+    obj = importlib.import_module(module_name)
+    for attr in attrs.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def wrapper_callable(name):
+    if name in BUILTINS:
+        return BUILTINS[name][0]
+    return import_path(name)
+
+
+def known_kinds():
+    kinds = {}
+    for module_name, cls, slot in KNOWN_SLOTS:
+        try:
+            kinds[getattr(importlib.import_module(module_name), cls)] = slot
+        except Exception:  # not importable here (torch_xla, or an older torch)
+            pass
+    return kinds
+
+
+KNOWN_KINDS = known_kinds()
+
+# ---------------------------------------------------------------------------------------------
+# Specs as PyTorch code
+
+LEAVES = {
+    "Linear": "nn.Linear({d}, {d})",
+    "LinearNoBias": "nn.Linear({d}, {d}, bias=False)",
+    "Embedding": "nn.Embedding({d}, {d})",
+    "LayerNorm": "nn.LayerNorm({d})",
+    "RMSNorm": "RMSNorm({d})",
+    "Buffered": "ScaleWithBuffer({d})",
+}
+
+
+def child_ref(name):
+    return "." + name if name.isidentifier() and not keyword.iskeyword(name) else None
+
+
+class Builder:
+    """Turns a spec into the statements that build it, following the C++ builder's rules
+    (which nodes are skipped, how names are made unique, which earlier module a shared node or
+    a tie picks), so both sides build the same keys from one spec."""
+
+    def __init__(self, spec):
+        self.dim = int(spec["dim"])
+        self.lines = []
+        self.count = 0
+        self.done = []         # (variable, wants ids, is a Sequential): modules a node may share
+        self.tie_sources = []  # variables of Linear and Embedding leaves
+        self.wraps = []        # (plain path, wrapper names innermost first), post-order
+        root = self.container(spec["root"], "", False)
+        if root is None:
+            root = self.new(f"Block({self.dim})")
+        self.wraps.append(("", list(spec["root"].get("wrappers", []))))
+        self.root = root
+
+    def new(self, expression):
+        var = f"m{self.count}"
+        self.count += 1
+        self.lines.append(f"{var} = {expression}")
+        return var
+
+    @staticmethod
+    def join(path, name):
+        return f"{path}.{name}" if path else name
+
+    def leaf(self, n):
+        kind = n.get("leaf", "Linear")
+        var = self.new(LEAVES[kind].format(d=self.dim))
+        if kind in ("Linear", "LinearNoBias", "Embedding"):
+            tie = int(n.get("tie", -1))
+            if tie >= 0 and self.tie_sources:
+                source = self.tie_sources[tie % len(self.tie_sources)]
+                self.lines.append(f"{var}.weight = {source}.weight  # tied")
+            self.tie_sources.append(var)
+        return var, kind == "Embedding"
+
+    def node(self, n, path, in_sequential):
+        """(variable, wants ids), or (None, False) where the C++ builder skips the node."""
+        kind = n.get("type", "leaf")
+        wrappers = list(n.get("wrappers", []))
+        if kind == "shared":
+            candidates = [d for d in self.done
+                          if not in_sequential or (not d[1] and not d[2])]
+            if not candidates:
+                return None, False
+            var, ids, _ = candidates[int(n.get("shared", 0)) % len(candidates)]
+            self.wraps.append((path, wrappers))
+            return var, ids
+        ids = False
+        if kind == "leaf":
+            if in_sequential and n.get("leaf") == "Embedding":
+                return None, False
+            var, ids = self.leaf(n)
+        else:
+            var = self.container(n, path, in_sequential)
+            if var is None:
+                return None, False
+        listing = kind == "container" and n.get("container") in ("ModuleList", "ModuleDict")
+        if not listing:
+            self.wraps.append((path, wrappers))
+            self.done.append((var, ids, kind == "container" and
+                              n.get("container") == "Sequential"))
+        return var, ids
+
+    @staticmethod
+    def unique(raw, names):
+        name = raw or "m"
+        while name in names:
+            name += "_"
+        names.add(name)
+        return name
+
+    def container(self, n, path, in_sequential):
+        c = n.get("container", "Custom")
+        if c == "Custom":
+            block = self.new(f"Block({self.dim})")
+            names = set()
+            for raw, child in n.get("children", []):
+                name = self.unique(raw, names)
+                if child.get("type") == "container" and child.get("container") in (
+                        "ModuleList", "ModuleDict"):
+                    var, ids = self.elements(child, self.join(path, name))
+                else:
+                    var, wants = self.node(child, self.join(path, name), False)
+                    if var is None:
+                        continue
+                    ids = [wants]
+                self.lines.append(f"{block}.add({name!r}, {var}, {ids!r})")
+            return block
+        if c == "Sequential":
+            if in_sequential:
+                return None
+            members = []
+            for _, child in n.get("children", []):
+                if child.get("type") == "container" and child.get("container") != "Custom":
+                    continue
+                var, _ = self.node(child, self.join(path, str(len(members))), True)
+                if var is not None:
+                    members.append(var)
+            if not members:
+                return None
+            return self.new(f"nn.Sequential({', '.join(members)})")
+        return None  # ModuleList and ModuleDict only as a Block's child
+
+    def elements(self, n, path):
+        ids = []
+        if n.get("container") == "ModuleList":
+            members = []
+            for _, child in n.get("children", []):
+                if child.get("type") == "container" and child.get("container") != "Custom":
+                    continue
+                var, wants = self.node(child, self.join(path, str(len(members))), False)
+                if var is None:
+                    continue
+                members.append(var)
+                ids.append(wants)
+            return self.new(f"nn.ModuleList([{', '.join(members)}])"), ids
+        members, names = [], set()
+        for raw, child in n.get("children", []):
+            if child.get("type") == "container" and child.get("container") != "Custom":
+                continue
+            name = raw or "m"
+            if name in names:
+                name = self.unique(name, names)
+            var, wants = self.node(child, self.join(path, name), False)
+            if var is None:
+                continue
+            names.add(name)
+            members.append(f"({name!r}, {var})")
+            ids.append(wants)
+        return self.new(f"nn.ModuleDict([{', '.join(members)}])"), ids
+
+    def wrap_lines(self, apply):
+        """Statements that wrap the model at every wrap point, innermost first, post-order:
+        `apply(name, target)` is the expression that wraps `target` with the wrapper `name`."""
+        lines = [f"model = {self.root}"]
+        for path, names in self.wraps:
+            for name in names:
+                if path:
+                    lines.append(f"put(model, {path!r}, {apply(name, f'at(model, {path!r})')})")
+                else:
+                    lines.append(f"model = {apply(name, 'model')}")
+        return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# What the properties need
+
+
+class Tensors:
+    """Numbers each distinct tensor (storage, offset, shape, stride, dtype) across the models
+    of one case, so identity compares across them."""
+
+    def __init__(self):
+        self.ids, self.table = {}, []
+
+    def id(self, t):
+        key = (t.storage().data_ptr() if t.device.type != "meta" else id(t), t.storage_offset(),
+               tuple(t.shape), tuple(t.stride()), str(t.dtype))
+        if key not in self.ids:
+            self.ids[key] = len(self.table)
+            data = t.detach()
+            digest = hashlib.sha1(data.contiguous().view(-1).view(torch.uint8).numpy()
+                                  .tobytes()).hexdigest()[:16] if data.device.type == "cpu" else ""
+            self.table.append({"shape": list(t.shape), "dtype": str(t.dtype)[6:],
+                               "digest": digest})
+        return self.ids[key]
+
+
+def state(model, tensors):
+    return [[k, tensors.id(v)] for k, v in model.state_dict(keep_vars=True).items()]
+
+
+def modules(model, objects):
+    """[path, class, number of the module object, its own parameter and buffer names] for every
+    path (shared modules repeated)."""
+    out = []
+    for path, m in model.named_modules(remove_duplicate=False):
+        local = [n for n, t in list(m._parameters.items()) + list(m._buffers.items())
+                 if t is not None]
+        out.append([path, type(m).__name__, objects.setdefault(id(m), len(objects)), local])
+    return out
+
+
+def hexes(t):
+    return [float(v).hex() for v in t.detach().reshape(-1).tolist()]
+
+
+def run(model, x, probe, tensors):
+    """Output and gradients (by tensor number) of one forward and backward on `x`."""
+    model.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)  # a reentrant checkpoint needs an input that does
+    out = model(x)
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * weights).sum().backward()
+    grads = {}
+    for _, p in probe:
+        if p.grad is not None:
+            grads[str(tensors.id(p))] = hexes(p.grad)
+    if x.grad is not None:
+        grads["input"] = hexes(x.grad)
+    return {"output": hexes(out), "grads": grads}
+
+
+class Counter:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+
+
+def resolve_wrappers(names):
+    return {name: wrapper_callable(name) for name in names}
+
+
+def subject(name):
+    if not name:
+        return None
+    return import_path(name)
+
+
+def run_case(req):
+    spec = req["spec"]
+    builder = Builder(spec)
+    names = sorted({n for _, ns in builder.wraps for n in ns})
+    try:
+        wrappers = resolve_wrappers(names)
+        unwrap_fn = subject(req.get("unwrap"))
+    except Exception as e:
+        raise Failure("import", "", f"{type(e).__name__}: {e}")
+    seed = int(req.get("seed", 0))
+    torch.manual_seed(seed)
+    ns = dict(MODELS)
+    try:
+        exec("\n".join(builder.lines), ns)
+    except KeyError as e:
+        if "already exists" in str(e):
+            # A child named like a method of nn.Module ("modules"): LibTorch allows it, PyTorch
+            # does not, so the case does not exist in Python.
+            raise Failure("unbuildable", "", f"PyTorch refuses a child name: {e}")
+        raise Failure("build", "", f"{type(e).__name__}: {e}")
+    except Exception as e:
+        raise Failure("build", "", f"{type(e).__name__}: {e}")
+    model = ns[builder.root]
+    tensors, objects = Tensors(), {}
+    result = {"original": state(model, tensors), "original_modules": modules(model, objects)}
+    probe = list(model.named_parameters())
+    x = None
+    if req.get("numerics"):
+        gen = torch.Generator().manual_seed(seed + 7919)
+        x = torch.randn(2, builder.dim, generator=gen)
+        try:
+            result["run_original"] = run(model, x, probe, tensors)
+        except Exception as e:
+            raise Failure("run", "the generated model", f"{type(e).__name__}: {e}")
+
+    # Wrap, innermost first, post-order; remember each wrapper's class and slot.
+    kinds = dict(KNOWN_KINDS)
+    slots = req.get("slots") or {}
+    made = []
+    for path, stack in builder.wraps:
+        for name in stack:
+            inner = at(model, path)
+            try:
+                wrapper = wrappers[name](inner)
+            except Exception as e:
+                raise Failure("wrap", name, f"{type(e).__name__}: {e}")
+            if wrapper is inner:
+                raise Failure("contract", name, "the wrapper gave back the module it was given")
+            slot = slots.get(name) or next(
+                (k for k, v in wrapper._modules.items() if v is inner), None)
+            if slot is None:
+                raise Failure("contract", name, f"a {type(wrapper).__name__} holds the module it "
+                              "wraps in no child of its own: give its slot with --slot")
+            kinds.setdefault(type(wrapper), slot)
+            made.append((name, wrapper, slot, path))
+            if path:
+                MODELS["put"](model, path, wrapper)
+            else:
+                model = wrapper
+    wrapped = model
+    result["wrappers"] = [[n, type(w).__name__, s, p] for n, w, s, p in made]
+    result["wrapped"] = state(wrapped, tensors)
+    result["wrapped_modules"] = modules(wrapped, objects)
+    result["wrapped_tree"] = repr(wrapped)
+
+    try:
+        unwrapped = (unwrap_fn(wrapped) if unwrap_fn else PORT["unwrap"](wrapped, kinds))
+    except Exception as e:
+        raise Failure("unwrap", req.get("unwrap") or "the reference port",
+                      f"{type(e).__name__}: {e}")
+    if not isinstance(unwrapped, nn.Module):
+        raise Failure("unwrap", req.get("unwrap") or "the reference port",
+                      f"gave back a {type(unwrapped).__name__}, not a torch.nn.Module")
+    result["unwrapped"] = state(unwrapped, tensors)
+    result["unwrapped_modules"] = modules(unwrapped, objects)
+    result["unwrapped_tree"] = repr(unwrapped)
+    result["unwrapped_wrappers"] = [
+        p for p, m in unwrapped.named_modules(remove_duplicate=False) if type(m) in kinds]
+    result["wrapped_after"] = state(wrapped, tensors)
+    result["wrapped_modules_after"] = modules(wrapped, objects)
+    result["unwrapped_is_wrapped"] = unwrapped is wrapped
+    result["unwrapped_is_model"] = unwrapped is ns[builder.root]
+    try:
+        again = unwrap_fn(unwrapped) if unwrap_fn else PORT["unwrap"](unwrapped, kinds)
+        result["again"] = state(again, tensors)
+        result["again_is_unwrapped"] = again is unwrapped
+    except Exception as e:
+        result["again_error"] = f"{type(e).__name__}: {e}"
+
+    if x is not None:
+        counters = []
+        for _, w, _, _ in made:
+            counter = Counter()
+            counters.append((counter, w.register_forward_pre_hook(counter)))
+        try:
+            result["run_wrapped"] = run(wrapped, x, probe, tensors)
+            result["wrapped_calls"] = [c.calls for c, _ in counters]
+            for c, _ in counters:
+                c.calls = 0
+            try:
+                result["run_unwrapped"] = run(unwrapped, x, probe, tensors)
+            except Exception as e:
+                result["run_unwrapped_error"] = f"{type(e).__name__}: {e}"
+            result["unwrapped_calls"] = [c.calls for c, _ in counters]
+        except Exception as e:
+            result["run_wrapped_error"] = f"{type(e).__name__}: {e}"
+        finally:
+            for _, handle in counters:
+                handle.remove()
+    result["tensors"] = tensors.table
+    return result
+
+
+def at(model, path):
+    return MODELS["at"](model, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Repro scripts
+
+
+def wrapper_source(name):
+    """Import lines and the callable's expression for a repro script."""
+    if name in BUILTINS:
+        return BUILTINS[name][1], BUILTINS[name][2]
+    module_name, _, attrs = name.partition(":")
+    alias = "wrap_" + "".join(ch if ch.isalnum() else "_" for ch in attrs)
+    return [f"from {module_name} import {attrs.split('.')[0]} as {alias}_root",
+            f"{alias} = {alias}_root" + "".join("." + a for a in attrs.split(".")[1:])], alias
+
+
+def repro(req):
+    spec = req["spec"]
+    seed = int(req.get("seed", 0))
+    builder = Builder(spec)
+    names = sorted({n for _, ns in builder.wraps for n in ns})
+    imports, calls = [], {}
+    for name in names:
+        lines, expression = wrapper_source(name)
+        imports += [line for line in lines if line not in imports]
+        calls[name] = expression
+    unwrap_name = req.get("unwrap")
+    out = ["#!/usr/bin/env python3",
+           "# A counterexample found by `wrapcert certify-python`, standalone: it builds the",
+           "# model, wraps it, unwraps it and shows where the unwrapped model differs.",
+           "# Run it with an interpreter that has PyTorch (Debian: /usr/bin/python3).",
+           "import sys", "", PRELUDE.rstrip(), ""]
+    out += imports
+    if unwrap_name:
+        module_name, _, attr = unwrap_name.partition(":")
+        out.append(f"from {module_name} import {attr.split('.')[0]} as unwrap_root")
+        out.append("unwrap = unwrap_root" + "".join("." + a for a in attr.split(".")[1:]))
+    else:
+        port = UNWRAP_PORT.rstrip().replace("def unwrap(model, kinds):",
+                                            "def unwrap_port(model, kinds):")
+        out += ["", "# wrapcert's reference unwrap (Python port)", port, ""]
+    out += ["", "",
+            "def run(m, x):",
+            "    \"\"\"Output, and gradients of the model's tensors and of the input.\"\"\"",
+            "    m.zero_grad(set_to_none=True)",
+            "    x = x.detach().requires_grad_(True)",
+            "    out = m(x)",
+            "    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)",
+            "    (out * w).sum().backward()",
+            "    grads = {k: t.grad for k, t in original.items() if t.requires_grad}",
+            "    grads['(the input)'] = x.grad",
+            "    return out.detach(), grads",
+            "", "",
+            f"torch.manual_seed({seed})"] + builder.lines
+    out += ["original = {k: v for k, v in " + builder.root +
+            ".state_dict(keep_vars=True).items()}",
+            f"x = torch.randn(2, {builder.dim}, generator=torch.Generator().manual_seed({seed + 7919}))"]
+    if req.get("numerics"):
+        out += [f"before = run({builder.root}, x)"]
+    out += ["", "# wrapping, innermost wrapper first, children before parents"]
+    if unwrap_name:
+        out += builder.wrap_lines(lambda n, target: f"{calls[n]}({target})")
+    else:
+        out += ["kinds = {}  # wrapper class -> the child that holds the wrapped module", "",
+                "", "def wrap(make, inner):",
+                "    wrapper = make(inner)",
+                "    kinds.setdefault(type(wrapper),",
+                "                     next(k for k, v in wrapper._modules.items() if v is inner))",
+                "    return wrapper", "", ""]
+        out += builder.wrap_lines(lambda n, target: f"wrap({calls[n]}, {target})")
+        out += ["unwrap = lambda m: unwrap_port(m, kinds)"]
+    out += [
+        "print(model)",
+        "wrapped_keys = list(model.state_dict().keys())",
+        "unwrapped = unwrap(model)",
+        "got = unwrapped.state_dict(keep_vars=True)",
+        "problems = []",
+        "if list(got) != list(original):",
+        "    problems.append('keys differ: the unwrapped model has ' + str(list(got)) +",
+        "                    ',\\n  the model had ' + str(list(original)))",
+        "for key, tensor in original.items():",
+        "    if key in got and got[key] is not tensor:",
+        "        problems.append(key + ' is not the model\\'s own tensor after unwrapping')",
+        "if list(model.state_dict().keys()) != wrapped_keys:",
+        "    problems.append('unwrapping changed the wrapped model: its keys are now ' +",
+        "                    str(list(model.state_dict().keys())))",
+    ]
+    if req.get("numerics"):
+        out += [
+            "for name, m in (('wrapped', model), ('unwrapped', unwrapped)):",
+            "    after = run(m, x)",
+            "    if not torch.equal(after[0], before[0]):",
+            "        problems.append(f'the {name} output differs: {after[0]} against {before[0]}')",
+            "    for key, a in before[1].items():",
+            "        b = after[1].get(key)",
+            "        if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):",
+            "            problems.append(f'the gradient of {key} differs in the {name} run: '",
+            "                            f'{b} against {a}, largest difference '",
+            "                            f'{None if a is None or b is None else (a - b).abs().max()}')",
+        ]
+    out += ["for p in problems:", "    print('PROBLEM:', p)",
+            "sys.exit(1 if problems else 0)", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+def main():
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what the code under test prints must not reach the reply channel
+    sys.stdout = sys.stderr
+    sys.setrecursionlimit(10000)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req_id = None
+        try:
+            req = json.loads(line)
+            req_id = req.get("id")
+            op = req.get("op")
+            if op == "hello":
+                reply = {"ok": True, "torch": torch.__version__,
+                         "python": sys.version.split()[0]}
+            elif op == "resolve":
+                for name in req.get("wrappers", []):
+                    try:
+                        wrapper_callable(name)
+                    except Exception as e:
+                        raise Failure("import", name, f"the wrapper '{name}' does not import: "
+                                      f"{type(e).__name__}: {e}")
+                if req.get("unwrap"):
+                    try:
+                        subject(req["unwrap"])
+                    except Exception as e:
+                        raise Failure("import", req["unwrap"], f"the unwrap subject "
+                                      f"'{req['unwrap']}' does not import: {type(e).__name__}: {e}")
+                reply = {"ok": True, "torch": torch.__version__}
+            elif op == "case":
+                reply = {"ok": True, "case": run_case(req)}
+            elif op == "repro":
+                reply = {"ok": True, "script": repro(req)}
+            elif op == "exit":
+                break
+            else:
+                reply = {"ok": False, "stage": "protocol", "who": "",
+                         "error": f"unknown op {op!r}", "traceback": ""}
+        except Failure as f:
+            reply = {"ok": False, "stage": f.stage, "who": f.who, "error": f.error,
+                     "traceback": f.trace}
+        except Exception as e:
+            reply = {"ok": False, "stage": "worker", "who": "",
+                     "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        reply["id"] = req_id
+        replies.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    main()
