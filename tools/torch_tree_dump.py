@@ -6,6 +6,12 @@ Needs only Debian's python3-torch.
 
     /usr/bin/python3 tools/torch_tree_dump.py CASE --out dump.json
     CASE: data_parallel | ddp | checkpoint | data_parallel_over_checkpoint | user_module
+    /usr/bin/python3 tools/torch_tree_dump.py --model mypkg.models:build [--wrap DataParallel] \
+        --out dump.json
+
+With --model, `build()` (found through PYTHONPATH) makes your own model; each --wrap wraps its
+root in turn (DataParallel, DistributedDataParallel or checkpoint_wrapper). Check the dump with
+`wrapcert check-dump dump.json`.
 """
 import argparse
 import json
@@ -83,6 +89,35 @@ def build(case):
     raise SystemExit("unknown case " + case)
 
 
+def wrap_root(model, name):
+    if name == "DataParallel":
+        return nn.DataParallel(model)
+    if name == "DistributedDataParallel":
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            store = os.path.join(tempfile.mkdtemp(), "store")
+            dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+        return nn.parallel.DistributedDataParallel(model)
+    if name == "checkpoint_wrapper":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        return checkpoint_wrapper(model)
+    raise SystemExit("--wrap: unknown wrapper " + name)
+
+
+def user_model(path, wraps):
+    import importlib
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        raise SystemExit("--model wants package.module:factory, not " + path)
+    torch.manual_seed(0)
+    model = getattr(importlib.import_module(module_name), attr)()
+    clean = list(model.state_dict().keys())
+    wrapped = model
+    for name in wraps:
+        wrapped = wrap_root(wrapped, name)
+    return model, clean, wrapped
+
+
 def dump(root):
     nodes, index, storages = [], {}, {}
 
@@ -114,10 +149,19 @@ def dump(root):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case")
+    parser.add_argument("case", nargs="?")
+    parser.add_argument("--model", help="package.module:factory making your own model")
+    parser.add_argument("--wrap", action="append", default=[],
+                        help="wrap the root of --model's model (repeatable)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    model, clean, wrapped = build(args.case)
+    if (args.case is None) == (args.model is None):
+        parser.error("give a CASE or --model")
+    if args.model:
+        model, clean, wrapped = user_model(args.model, args.wrap)
+        args.case = args.model
+    else:
+        model, clean, wrapped = build(args.case)
     root, nodes = dump(wrapped)
     with open(args.out, "w") as f:
         json.dump({"case": args.case, "torch_version": torch.__version__, "wrappers": WRAPPERS,

@@ -1,0 +1,84 @@
+"""Python wrappers for `wrapcert certify-python --wrapper`: one that keeps every contract, and
+one per contract that breaks it. Each faulty one must be rejected by the property named.
+
+    wrapcert certify-python --wrapper wrappers_under_test:Sound
+"""
+import copy
+
+import torch
+import torch.nn as nn
+
+
+class Sound(nn.Module):
+    """A correct wrapper with its own slot name: forward goes through the wrapped module."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.inner = module
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+class Copying(Sound):
+    """Wraps a copy: the wrapped model no longer holds the model's tensors (P2)."""
+
+    def __init__(self, module):
+        super().__init__(copy.deepcopy(module))
+
+
+def copying(module):
+    """A wrapper function that wraps a copy (its slot named with --slot)."""
+    return Sound(copy.deepcopy(module))
+
+
+class ExtraState(Sound):
+    """Registers a step counter of its own, which no translation of its keys accounts for
+    (P8)."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.register_buffer("steps", torch.zeros(1))
+
+
+class Bypassing(Sound):
+    """Forward never reaches the wrapped module: outputs and gradients change (P4)."""
+
+    def forward(self, x):
+        return x * 1.0
+
+
+class NoGrad(Sound):
+    """Runs the wrapped module without autograd: its parameters get no gradient (P4)."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            return self.inner(x)
+
+
+class Unregistered(nn.Module):
+    """Holds the module in a plain list, where no state dict or unwrap can find it."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.held = [module]
+
+    def forward(self, x):
+        return self.held[0](x)
+
+
+class Crashing(Sound):
+    """Kills the process that wraps with it (a segfaulting extension)."""
+
+    def __init__(self, module):
+        import os
+        import signal
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Hanging(Sound):
+    """Never returns."""
+
+    def __init__(self, module):
+        import time
+        time.sleep(3600)

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# `wrapcert certify-python` and `wrapcert check-dump` against real PyTorch (Debian's
+# python3-torch), with exact exit codes and the rows each case must fail.
+#   tools/test_certify_python.sh path/to/wrapcert GROUP
+#   GROUP: torch (real torch wrappers pass), subjects (known wrong unwraps are rejected, with a
+#   repro script that reproduces), wrappers (a sound Python wrapper passes, one per broken
+#   contract is rejected), faults (a crash, a hang, an import that fails), dump (check-dump)
+set -uo pipefail
+tool=$1 group=$2
+src=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH="$src/property_tests/python:$src/regression/python${PYTHONPATH:+:$PYTHONPATH}"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+run() {  # run EXPECTED_EXIT ARGS...: output in $dir/out.txt, report in $dir/report.json
+  local want=$1
+  shift
+  rm -f "$dir/report.json"
+  timeout 600 "$tool" "$@" > "$dir/out.txt" 2>&1
+  local got=$?
+  [ "$got" -eq "$want" ] || { cat "$dir/out.txt"; fail "wrapcert $* exited $got, not $want"; }
+}
+certify() {  # certify EXPECTED_EXIT ARGS...
+  local want=$1
+  shift
+  run "$want" certify-python --cases 40 --seed 7 --quiet --json "$dir/report.json" "$@"
+  [ -s "$dir/report.json" ] || fail "no report for $*"
+}
+rows() {  # rows STATUS: the properties with that status, one line
+  /usr/bin/python3 - "$dir/report.json" "$1" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+print(" ".join(e["property"].split()[0] for e in report["entries"] if e["status"] == sys.argv[2]))
+PY
+}
+expect_failed() {  # expect_failed WHAT PROPERTY...: each named property failed
+  local what=$1 failed
+  shift
+  failed=" $(rows failed) "
+  for p in "$@"; do
+    [[ "$failed" == *" $p "* ]] || { cat "$dir/out.txt"; fail "$what: $p did not fail (failed: $failed)"; }
+  done
+}
+expect_passed() {  # expect_passed WHAT PROPERTY...
+  local what=$1 passed
+  shift
+  passed=" $(rows passed) "
+  for p in "$@"; do
+    [[ "$passed" == *" $p "* ]] || { cat "$dir/out.txt"; fail "$what: $p did not pass"; }
+  done
+}
+
+case "$group" in
+  torch)
+    certify 0 --wrapper torch.nn:DataParallel
+    certify 0 --wrapper DistributedDataParallel
+    certify 0 --wrapper checkpoint_wrapper
+    certify 0 --wrapper DataParallel --wrapper checkpoint_wrapper
+    # The reentrant checkpoint (torch 1.13's default) gives no gradient to a checkpointed
+    # module whose inputs need none (an Embedding fed token ids), whatever the tolerance.
+    certify 1 --wrapper 'checkpoint_wrapper[reentrant]' --tolerance 1e-12
+    expect_failed "reentrant checkpoint" P4
+    grep -q "no gradient in the wrapped run" "$dir/report.json" || fail "the reentrant checkpoint's reason"
+    echo "torch wrappers: certified"
+    ;;
+  subjects)
+    certify 1 --wrapper DataParallel --unwrap known_unwraps:root_only --repro "$dir/repro.py"
+    expect_failed "root-only unwrap" P1 P2 P9
+    grep -q "n2 modules, [0-9] wrappers" "$dir/report.json" || fail "the root-only counterexample is not shrunk to 2 modules"
+    /usr/bin/python3 "$dir/repro.py" > "$dir/repro.txt" 2>&1
+    [ $? -eq 1 ] || { cat "$dir/repro.txt"; fail "the repro script does not exit 1"; }
+    grep -q "PROBLEM: keys differ" "$dir/repro.txt" || fail "the repro script does not show the wrong keys"
+    certify 1 --wrapper DataParallel --unwrap known_unwraps:duck_typed_recursive
+    expect_failed "duck-typed recursive unwrap" P1 P5 P9
+    certify 1 --wrapper DataParallel --unwrap known_unwraps:copying
+    expect_failed "copying unwrap" P2
+    echo "known unwraps: rejected, with a repro"
+    ;;
+  wrappers)
+    certify 0 --wrapper wrappers_under_test:Sound
+    certify 1 --wrapper wrappers_under_test:Copying --slot wrappers_under_test:Copying=inner
+    expect_failed "a wrapper of a copy" P2
+    certify 1 --wrapper wrappers_under_test:copying --slot wrappers_under_test:copying=inner
+    expect_failed "a wrapper function that copies" P2
+    certify 1 --wrapper wrappers_under_test:ExtraState
+    expect_failed "a wrapper with state of its own" P8
+    expect_passed "a wrapper with state of its own" P1 P2
+    certify 1 --wrapper wrappers_under_test:Bypassing
+    expect_failed "a wrapper that bypasses" P4
+    certify 1 --wrapper wrappers_under_test:NoGrad
+    expect_failed "a wrapper without autograd" P4
+    certify 1 --wrapper wrappers_under_test:Unregistered
+    expect_failed "a wrapper that hides the module" P1
+    grep -q "holds the module it wraps in no child of its own" "$dir/report.json" || fail "Unregistered's reason"
+    echo "Python wrappers: the sound one certified, each faulty one rejected"
+    ;;
+  faults)
+    certify 1 --wrapper wrappers_under_test:Crashing --repro "$dir/crash.py"
+    grep -q "killed by signal 11" "$dir/report.json" || fail "a crash is not named"
+    grep -q "wrappers_under_test.py.*line [0-9]* in __init__" "$dir/report.json" || fail "no Python traceback for a crash"
+    [ -s "$dir/crash.py" ] || fail "no repro for a crash"
+    certify 1 --wrapper wrappers_under_test:Hanging --timeout 3
+    grep -q "gave no reply within 3 s" "$dir/report.json" || fail "a hang is not named"
+    grep -q "in __init__" "$dir/report.json" || fail "no Python stack for a hang"
+    run 2 certify-python --wrapper no_such_module:Wrapper --cases 2
+    grep -q "no_such_module:Wrapper" "$dir/out.txt" || fail "a wrapper that does not import is not named"
+    run 2 certify-python --wrapper DataParallel --unwrap known_unwraps:no_such_function --cases 2
+    grep -q "known_unwraps:no_such_function" "$dir/out.txt" || fail "a subject that does not import is not named"
+    run 64 certify-python --wrapper DataParallel --slot nothing
+    WRAPCERT_PYTHON=/nonexistent/python run 2 certify-python --wrapper DataParallel --cases 2
+    grep -q "WRAPCERT_PYTHON" "$dir/out.txt" || fail "a missing interpreter is not explained"
+    echo "worker faults: each a verdict or a clear error"
+    ;;
+  dump)
+    for c in data_parallel checkpoint user_module; do
+      /usr/bin/python3 "$src/tools/torch_tree_dump.py" "$c" --out "$dir/$c.json" || fail "dump $c"
+      run 0 check-dump "$dir/$c.json"
+    done
+    /usr/bin/python3 "$src/tools/torch_tree_dump.py" --model tree_dump_models:tied_pair \
+        --wrap DataParallel --out "$dir/own.json" || fail "dump of a user's model"
+    run 0 check-dump "$dir/own.json"
+    grep -q "pass P1" "$dir/out.txt" || fail "check-dump prints no verdicts"
+    echo '{"nodes": 3}' > "$dir/bad.json"
+    run 2 check-dump "$dir/bad.json"
+    run 2 check-dump "$dir/missing.json"
+    echo "dumps: checked"
+    ;;
+  *)
+    fail "unknown group $group"
+    ;;
+esac
