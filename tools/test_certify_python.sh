@@ -78,6 +78,7 @@ case "$group" in
     ;;
   wrappers)
     certify 0 --wrapper wrappers_under_test:Sound
+    certify 0 --wrapper wrappers_under_test:Noisy
     certify 1 --wrapper wrappers_under_test:Copying --slot wrappers_under_test:Copying=inner
     expect_failed "a wrapper of a copy" P2
     certify 1 --wrapper wrappers_under_test:copying --slot wrappers_under_test:copying=inner
@@ -109,6 +110,30 @@ case "$group" in
     run 64 certify-python --wrapper DataParallel --slot nothing
     WRAPCERT_PYTHON=/nonexistent/python run 2 certify-python --wrapper DataParallel --cases 2
     grep -q "WRAPCERT_PYTHON" "$dir/out.txt" || fail "a missing interpreter is not explained"
+    # A worker that answers the start, then (one fault per process it is started as) prints
+    # garbage, raises, exits.
+    mkdir "$dir/fake"
+    cat > "$dir/fake/wrapcert_worker.py" <<'PY'
+import json, os, sys
+count = os.path.join(os.path.dirname(__file__), "starts")
+starts = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(starts + 1))
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "resolve":
+        print(json.dumps({"id": req["id"], "ok": True, "torch": "fake"}), flush=True)
+    elif starts == 0:
+        print("this is not JSON", flush=True)
+    elif starts == 1:
+        raise RuntimeError("the fake worker gives up")
+    else:
+        sys.exit(3)
+PY
+    WRAPCERT_PYTHON_DIR="$dir/fake" certify 1 --wrapper DataParallel
+    grep -q "replied with something that is not its reply: 'this is not JSON'" "$dir/report.json" || fail "garbage is not named"
+    grep -q "the Python worker exited with status 1" "$dir/report.json" || fail "a worker that raises is not named"
+    grep -q "the fake worker gives up" "$dir/report.json" || fail "no traceback from a worker that raises"
+    grep -q "the Python worker exited with status 3" "$dir/report.json" || fail "a worker that exits is not named"
     echo "worker faults: each a verdict or a clear error"
     ;;
   dump)

@@ -82,3 +82,18 @@ class Hanging(Sound):
     def __init__(self, module):
         import time
         time.sleep(3600)
+
+
+class Noisy(Sound):
+    """Prints on stdout, from Python and below it, while wrapping and in forward: the worker's
+    replies must not be disturbed."""
+
+    def __init__(self, module):
+        import os
+        super().__init__(module)
+        print("wrapping", type(module).__name__)
+        os.write(1, b"{\"id\": 0, \"ok\": true}\n")
+
+    def forward(self, x):
+        print("forward")
+        return self.inner(x)
