@@ -388,6 +388,32 @@ def subject(name):
     return import_path(name)
 
 
+def round_trip(unwrapped, builder, seed, want):
+    """P10: what the unwrapped model saves loads strictly into a freshly built model and gives
+    it the model's values. Empty when it does; else what went wrong."""
+    import io
+    buffer = io.BytesIO()
+    try:
+        torch.save(unwrapped.state_dict(), buffer)
+        buffer.seek(0)
+        saved = torch.load(buffer)
+    except Exception as e:
+        return {"error": f"saving the unwrapped model's state dict: {type(e).__name__}: {e}"}
+    torch.manual_seed(seed + 1)
+    ns = dict(MODELS)
+    exec("\n".join(builder.lines), ns)
+    fresh = ns[builder.root]
+    try:
+        fresh.load_state_dict(saved, strict=True)
+    except Exception as e:
+        return {"error": f"loading it into a fresh model: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}"}
+    for key, value in fresh.state_dict().items():
+        if key not in want or not torch.equal(value, want[key].detach()):
+            return {"error": "a fresh model loaded from it differs from the model", "key": key}
+    return {}
+
+
 def run_case(req):
     spec = req["spec"]
     builder = Builder(spec)
@@ -413,6 +439,7 @@ def run_case(req):
     model = ns[builder.root]
     tensors, objects = Tensors(), {}
     result = {"original": state(model, tensors), "original_modules": modules(model, objects)}
+    original = model.state_dict(keep_vars=True)  # the model's own tensors, before wrapping
     probe = list(model.named_parameters())
     x = None
     if req.get("numerics"):
@@ -468,6 +495,7 @@ def run_case(req):
         p for p, m in unwrapped.named_modules(remove_duplicate=False) if type(m) in kinds]
     result["wrapped_after"] = state(wrapped, tensors)
     result["wrapped_modules_after"] = modules(wrapped, objects)
+    result["round_trip"] = round_trip(unwrapped, builder, seed, original)
     result["unwrapped_is_wrapped"] = unwrapped is wrapped
     result["unwrapped_is_model"] = unwrapped is ns[builder.root]
     try:
