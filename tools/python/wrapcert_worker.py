@@ -357,7 +357,8 @@ def hexes(t):
 def run(model, x, probe, tensors):
     """Output and gradients (by tensor number) of one forward and backward on `x`."""
     model.zero_grad(set_to_none=True)
-    x = x.detach().requires_grad_(True)  # a reentrant checkpoint needs an input that does
+    if x.is_floating_point():
+        x = x.detach().requires_grad_(True)  # a reentrant checkpoint needs an input that does
     out = model(x)
     weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
     (out * weights).sum().backward()
@@ -365,7 +366,7 @@ def run(model, x, probe, tensors):
     for _, p in probe:
         if p.grad is not None:
             grads[str(tensors.id(p))] = hexes(p.grad)
-    if x.grad is not None:
+    if x.is_floating_point() and x.grad is not None:
         grads["input"] = hexes(x.grad)
     return {"output": hexes(out), "grads": grads}
 
@@ -388,7 +389,7 @@ def subject(name):
     return import_path(name)
 
 
-def round_trip(unwrapped, builder, seed, want):
+def round_trip(unwrapped, make, seed, want):
     """P10: what the unwrapped model saves loads strictly into a freshly built model and gives
     it the model's values. Empty when it does; else what went wrong."""
     import io
@@ -399,10 +400,7 @@ def round_trip(unwrapped, builder, seed, want):
         saved = torch.load(buffer)
     except Exception as e:
         return {"error": f"saving the unwrapped model's state dict: {type(e).__name__}: {e}"}
-    torch.manual_seed(seed + 1)
-    ns = dict(MODELS)
-    exec("\n".join(builder.lines), ns)
-    fresh = ns[builder.root]
+    fresh = make(seed + 1)
     try:
         fresh.load_state_dict(saved, strict=True)
     except Exception as e:
@@ -414,16 +412,8 @@ def round_trip(unwrapped, builder, seed, want):
     return {}
 
 
-def run_case(req):
-    spec = req["spec"]
-    builder = Builder(spec)
-    names = sorted({n for _, ns in builder.wraps for n in ns})
-    try:
-        wrappers = resolve_wrappers(names)
-        unwrap_fn = subject(req.get("unwrap"))
-    except Exception as e:
-        raise Failure("import", "", f"{type(e).__name__}: {e}")
-    seed = int(req.get("seed", 0))
+def build_spec(builder, seed):
+    """The generated model, freshly built from the spec's statements."""
     torch.manual_seed(seed)
     ns = dict(MODELS)
     try:
@@ -436,15 +426,58 @@ def run_case(req):
         raise Failure("build", "", f"{type(e).__name__}: {e}")
     except Exception as e:
         raise Failure("build", "", f"{type(e).__name__}: {e}")
-    model = ns[builder.root]
+    return ns[builder.root]
+
+
+def run_case(req):
+    builder = Builder(req["spec"])
+    seed = int(req.get("seed", 0))
+    gen = torch.Generator().manual_seed(seed + 7919)
+    x = torch.randn(2, builder.dim, generator=gen)
+    return observe(req, lambda s: build_spec(builder, s), builder.wraps, x)
+
+
+FIXTURES = {}
+
+
+def run_fixture(req):
+    config = req["config"]
+    if not FIXTURES:
+        exec(compile(read_text("wrapcert_fixtures.py"), "wrapcert_fixtures.py", "exec"), FIXTURES)
+    fixtures = FIXTURES
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return fixtures["build"](config)[0]
+
+    layers = fixtures["build"](config)[1]
+    names = list(req.get("wrappers", []))
+    wraps = [(path, names) for path in layers] + [("", names)]
+    seed = int(req.get("seed", 0))
+    ids = torch.randint(1, config["vocab_size"], (2, 5),
+                        generator=torch.Generator().manual_seed(seed + 7919))
+    return observe(req, make, wraps, ids)
+
+
+def observe(req, make, wraps, x):
+    """One case: the model made by `make(seed)`, wrapped at `wraps` ([(path, wrapper names
+    innermost first)], post-order), unwrapped by the subject; what the properties need."""
+    names = sorted({n for _, ns in wraps for n in ns})
+    try:
+        wrappers = resolve_wrappers(names)
+        unwrap_fn = subject(req.get("unwrap"))
+    except Exception as e:
+        raise Failure("import", "", f"{type(e).__name__}: {e}")
+    seed = int(req.get("seed", 0))
+    model = make(seed)
+    first = model
     tensors, objects = Tensors(), {}
     result = {"original": state(model, tensors), "original_modules": modules(model, objects)}
     original = model.state_dict(keep_vars=True)  # the model's own tensors, before wrapping
     probe = list(model.named_parameters())
-    x = None
-    if req.get("numerics"):
-        gen = torch.Generator().manual_seed(seed + 7919)
-        x = torch.randn(2, builder.dim, generator=gen)
+    if not req.get("numerics"):
+        x = None
+    else:
         try:
             result["run_original"] = run(model, x, probe, tensors)
         except Exception as e:
@@ -454,7 +487,7 @@ def run_case(req):
     kinds = dict(KNOWN_KINDS)
     slots = req.get("slots") or {}
     made = []
-    for path, stack in builder.wraps:
+    for path, stack in wraps:
         for name in stack:
             inner = at(model, path)
             try:
@@ -495,9 +528,9 @@ def run_case(req):
         p for p, m in unwrapped.named_modules(remove_duplicate=False) if type(m) in kinds]
     result["wrapped_after"] = state(wrapped, tensors)
     result["wrapped_modules_after"] = modules(wrapped, objects)
-    result["round_trip"] = round_trip(unwrapped, builder, seed, original)
+    result["round_trip"] = round_trip(unwrapped, make, seed, original)
     result["unwrapped_is_wrapped"] = unwrapped is wrapped
-    result["unwrapped_is_model"] = unwrapped is ns[builder.root]
+    result["unwrapped_is_model"] = unwrapped is first
     try:
         again = unwrap_fn(unwrapped) if unwrap_fn else PORT["unwrap"](unwrapped, kinds)
         result["again"] = state(again, tensors)
@@ -672,6 +705,8 @@ def main():
                 reply = {"ok": True, "torch": torch.__version__}
             elif op == "case":
                 reply = {"ok": True, "case": run_case(req)}
+            elif op == "fixture":
+                reply = {"ok": True, "case": run_fixture(req)}
             elif op == "repro":
                 reply = {"ok": True, "script": repro(req)}
             elif op == "exit":

@@ -1,6 +1,7 @@
 #include <wrapcert/atomic_file.h>
 #include <wrapcert/bridge.h>
 #include <wrapcert/error.h>
+#include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/python/certify_python.h>
@@ -532,6 +533,19 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return pass(p);
                  }});
   out.push_back(
+      {"P10 round-trip", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+         const std::string p = "P10 round-trip";
+         if (auto f = common_failure(p, o, subject)) return *f;
+         const auto& r = o.data().at("round_trip");
+         if (r.contains("error")) {
+           return fail(p,
+                       "the unwrapped model's state dict, saved with torch.save: " +
+                           r["error"].get<std::string>(),
+                       r.value("key", std::string()));
+         }
+         return pass(p);
+       }});
+  out.push_back(
       {"P11 graph safety", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
          const std::string p = "P11 graph safety";
          if (auto f = common_failure(p, o, subject)) return *f;
@@ -621,19 +635,36 @@ class Runner {
   }
 
   const Observed& observe(const gen::TreeSpec& spec, bool numerics, uint64_t seed) {
-    json request = {{"op", "case"},
-                    {"spec", to_json(spec)},
-                    {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
-                    {"slots", options_.slots},
-                    {"seed", seed},
-                    {"numerics", numerics}};
-    const auto key = request.dump();
-    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
-    ++calls_[numerics];
-    const auto start = Clock::now();
-    Observed o{worker_.call(request)};
-    seconds_[numerics] += std::chrono::duration<double>(Clock::now() - start).count();
-    return memo_.emplace(key, std::move(o)).first->second;
+    return call({{"op", "case"},
+                 {"spec", to_json(spec)},
+                 {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
+                 {"slots", options_.slots},
+                 {"seed", seed},
+                 {"numerics", numerics}});
+  }
+
+  /// A fixture built in Python, every decoder layer and the root wrapped in each wrapper.
+  const Observed& observe_fixture(const fixtures::CausalLMConfig& c, bool numerics, uint64_t seed) {
+    json config = {
+        {"architecture", c.architecture == fixtures::Architecture::kGemma ? "gemma" : "mistral"},
+        {"vocab_size", c.vocab_size},
+        {"hidden_size", c.hidden_size},
+        {"intermediate_size", c.intermediate_size},
+        {"num_layers", c.num_layers},
+        {"num_heads", c.num_heads},
+        {"num_kv_heads", c.num_kv_heads},
+        {"head_dim", c.head_dim},
+        {"rms_norm_eps", c.rms_norm_eps},
+        {"rope_theta", c.rope_theta},
+        {"pad_token_id", c.pad_token_id ? json(*c.pad_token_id) : json()},
+        {"tie_word_embeddings", c.tie_word_embeddings}};
+    return call({{"op", "fixture"},
+                 {"config", config},
+                 {"wrappers", options_.wrappers},
+                 {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
+                 {"slots", options_.slots},
+                 {"seed", seed},
+                 {"numerics", numerics}});
   }
 
   json repro_request(const gen::TreeSpec& spec, bool numerics, uint64_t seed) const {
@@ -650,6 +681,17 @@ class Runner {
   double seconds(bool numerics) const { return seconds_[numerics]; }
 
  private:
+  const Observed& call(const json& request) {
+    const bool numerics = request.value("numerics", false);
+    const auto key = request.dump();
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    ++calls_[numerics];
+    const auto start = Clock::now();
+    Observed o{worker_.call(request)};
+    seconds_[numerics] += std::chrono::duration<double>(Clock::now() - start).count();
+    return memo_.emplace(key, std::move(o)).first->second;
+  }
+
   const Options& options_;
   Worker worker_;
   std::map<std::string, Observed> memo_;
@@ -833,6 +875,62 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     if (listener) listener(entry, true);
     report.entries.push_back(std::move(entry));
   }
+  if (options.fixtures) {
+    // The fixture rows: one case each, the fixture's keys checked against the C++ fixture.
+    gen::TreeSpec wrapped_fixture;  // what the checks read of a spec: that there are wrappers
+    wrapped_fixture.root.wrappers = options.wrappers;
+    for (const char* name : {"tiny-gemma", "tiny-mistral"}) {
+      const auto config = fixtures::config_named(name);
+      for (const auto& property : python_properties(options)) {
+        if (property.name == "P9 no false positives") continue;  // on trees without wrappers
+        Entry entry;
+        entry.kind = kind;
+        entry.property = property.name;
+        entry.target = name;
+        if (listener) listener(entry, false);
+        const auto start = Clock::now();
+        const auto& o = runner.observe_fixture(config, property.numerics, seed);
+        Verdict v;
+        if (property.name == "layout") {
+          if (!o.ok()) {
+            v = o.reply.fault == Fault::kNone && o.stage() != "build" && o.stage() != "run"
+                    ? pass("layout")
+                    : *common_failure("layout", o, "");
+          } else {
+            Keys want;
+            for (const auto& item : state_dict(fixtures::make_causal_lm(config, {c10::kMeta}))) {
+              want.emplace_back(item.key(), 0);
+            }
+            v = same_keys("layout", keys_of(o.data().at("original")), want,
+                          "the fixture built in Python");
+          }
+        } else if (!o.ok() && o.reply.fault == Fault::kNone && o.stage() == "wrap") {
+          v = pass(property.name);
+          v.skipped = true;
+          v.reason = "a wrapper refused the fixture: " + o.field("error");
+        } else {
+          v = property.check(wrapped_fixture, o);
+        }
+        entry.cases = 1;
+        if (v.skipped) {
+          entry.status = Status::kSkipped;
+          entry.reason = v.reason;
+        } else if (!v.passed) {
+          entry.status = Status::kFailed;
+          entry.reason = v.reason;
+          entry.key = v.key;
+          entry.counterexample = describe(wrapped_fixture, o);
+          entry.replay = replay;
+        }
+        entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (listener) listener(entry, true);
+        report.entries.push_back(std::move(entry));
+      }
+    }
+  }
+  report.options.fixtures = options.fixtures
+                                ? std::vector<std::string>{"tiny-gemma", "tiny-mistral"}
+                                : std::vector<std::string>{};
   return report;
 }
 
