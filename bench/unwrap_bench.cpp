@@ -9,6 +9,7 @@
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/properties.h>
+#include <wrapcert/python/certify_python.h>
 #include <wrapcert/wrapcert.h>
 
 #include <ATen/Parallel.h>
@@ -360,6 +361,29 @@ void BM_CertifyOneKind(benchmark::State& state) {
   }
 }
 
+/// Wrappers certified on real PyTorch by BM_CertifyPython, by argument.
+const char* const kPythonWrappers[] = {"DataParallel", "checkpoint_wrapper",
+                                       "DistributedDataParallel"};
+
+void BM_CertifyPython(benchmark::State& state) {
+  // `wrapcert certify-python --wrapper W --cases 100` on generated trees (no fixture rows):
+  // cases per second through the worker, for the structural properties and for P4.
+  const std::string wrapper = kPythonWrappers[state.range(0)];
+  state.SetLabel(wrapper);
+  wrapcert::python::Options options;
+  options.wrappers = {wrapper};
+  options.seed = 1;
+  options.fixtures = false;
+  wrapcert::python::Stats stats;
+  for (auto _ : state) {
+    const auto report = wrapcert::python::certify_python(options, nullptr, &stats);
+    if (!report.passed()) state.SkipWithError((wrapper + " did not pass").c_str());
+  }
+  state.counters["structural_cases_per_s"] = stats.structural_cases / stats.structural_seconds;
+  state.counters["p4_cases_per_s"] = stats.numeric_cases / stats.numeric_seconds;
+  state.counters["cases"] = stats.structural_cases + stats.numeric_cases;
+}
+
 // clang-format off
 BENCHMARK(BM_NamedModulesWalk)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
 BENCHMARK(BM_NamedParametersKeys)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
@@ -382,6 +406,7 @@ BENCHMARK(BM_TranslateKeys)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyBackward);
 BENCHMARK(BM_CertifyOneKind)->ArgName("kind")->DenseRange(0, 3)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_CertifyPython)->ArgName("wrapper")->DenseRange(0, 2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 // clang-format on
 
 }  // namespace

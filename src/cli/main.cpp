@@ -409,8 +409,19 @@ int run_certify_python(CertifyPythonOptions& o) {
     }
     o.options.slots[s.substr(0, eq)] = s.substr(eq + 1);
   }
-  const auto report = wrapcert::python::certify_python(o.options, console_listener(o.quiet));
-  return write_reports(report, o.markdown, o.json, o.junit);
+  wrapcert::python::Stats stats;
+  const auto report =
+      wrapcert::python::certify_python(o.options, console_listener(o.quiet), &stats);
+  const int code = write_reports(report, o.markdown, o.json, o.junit);
+  auto rate = [](int cases, double seconds) {
+    return seconds > 0 ? std::to_string(static_cast<int>(cases / seconds)) + "/s" : "-";
+  };
+  std::cout << "\nworker: " << stats.structural_cases << " structural cases ("
+            << rate(stats.structural_cases, stats.structural_seconds) << "), "
+            << stats.numeric_cases << " P4 cases ("
+            << rate(stats.numeric_cases, stats.numeric_seconds) << "), " << stats.worker_starts
+            << (stats.worker_starts == 1 ? " process" : " processes") << "\n";
+  return code;
 }
 
 int run_check_dump(const std::string& file) {

@@ -769,7 +769,8 @@ std::string worker_dir(const Options& options) {
               "cannot find wrapcert_worker.py beside the executable; set WRAPCERT_PYTHON_DIR");
 }
 
-certify::Report certify_python(const Options& options, const certify::Listener& listener) {
+certify::Report certify_python(const Options& options, const certify::Listener& listener,
+                               Stats* stats) {
   if (options.wrappers.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "", "certify-python needs at least one --wrapper");
   }
@@ -927,6 +928,13 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
         report.entries.push_back(std::move(entry));
       }
     }
+  }
+  if (stats) {
+    stats->structural_cases = runner.calls(false);
+    stats->structural_seconds = runner.seconds(false);
+    stats->numeric_cases = runner.calls(true);
+    stats->numeric_seconds = runner.seconds(true);
+    stats->worker_starts = runner.worker().starts();
   }
   report.options.fixtures = options.fixtures
                                 ? std::vector<std::string>{"tiny-gemma", "tiny-mistral"}

@@ -50,9 +50,20 @@ struct Options {
   std::string repro;
 };
 
+/// What the worker did in one run: distinct cases (a case is built, wrapped and unwrapped once
+/// and judged by every property), and the time spent waiting for their replies.
+struct Stats {
+  int structural_cases = 0;  ///< cases without forward and backward (all properties but P4)
+  double structural_seconds = 0;
+  int numeric_cases = 0;  ///< P4's cases: also the model, the wrapped and the unwrapped run
+  double numeric_seconds = 0;
+  int worker_starts = 0;  ///< 1, plus one per worker fault
+};
+
 /// The rows of one run: a property per row, on generated trees and on the fixtures. Throws
 /// `Error` when the worker cannot start or a wrapper or the subject does not import.
-certify::Report certify_python(const Options& options, const certify::Listener& listener = nullptr);
+certify::Report certify_python(const Options& options, const certify::Listener& listener = nullptr,
+                               Stats* stats = nullptr);
 
 /// Where the worker's Python files are (see `Options::worker_dir`).
 std::string worker_dir(const Options& options);
