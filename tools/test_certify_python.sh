@@ -53,6 +53,7 @@ expect_passed() {  # expect_passed WHAT PROPERTY...
 case "$group" in
   torch)
     certify 0 --wrapper torch.nn:DataParallel
+    expect_passed "DataParallel, as wrapcert's kind models it" C++
     certify 0 --wrapper DistributedDataParallel
     certify 0 --wrapper checkpoint_wrapper
     certify 0 --wrapper DataParallel --wrapper checkpoint_wrapper
@@ -79,6 +80,10 @@ case "$group" in
   wrappers)
     certify 0 --wrapper wrappers_under_test:Sound
     certify 0 --wrapper wrappers_under_test:Noisy
+    # A wrapcert kind that does not model the wrapper: its keys are not the wrapper's.
+    certify 1 --wrapper wrappers_under_test:Sound --models wrappers_under_test:Sound=DataParallel
+    expect_failed "a kind that does not model the wrapper" C++
+    expect_passed "a kind that does not model the wrapper" P1 P2 P4
     certify 1 --wrapper wrappers_under_test:Copying --slot wrappers_under_test:Copying=inner
     expect_failed "a wrapper of a copy" P2
     certify 1 --wrapper wrappers_under_test:copying --slot wrappers_under_test:copying=inner
@@ -108,6 +113,8 @@ case "$group" in
     run 2 certify-python --wrapper DataParallel --unwrap known_unwraps:no_such_function --cases 2
     grep -q "known_unwraps:no_such_function" "$dir/out.txt" || fail "a subject that does not import is not named"
     run 64 certify-python --wrapper DataParallel --slot nothing
+    run 2 certify-python --wrapper DataParallel --models DataParallel=NoSuchKind
+    grep -q "NoSuchKind" "$dir/out.txt" || fail "an unknown kind in --models is not named"
     WRAPCERT_PYTHON=/nonexistent/python run 2 certify-python --wrapper DataParallel --cases 2
     grep -q "WRAPCERT_PYTHON" "$dir/out.txt" || fail "a missing interpreter is not explained"
     # A worker that answers the start, then (one fault per process it is started as) prints

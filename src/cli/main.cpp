@@ -394,7 +394,8 @@ int run_certify(const CertifyOptions& o) {
 
 struct CertifyPythonOptions {
   wrapcert::python::Options options;
-  std::vector<std::string> slots;  // wrapper=slot
+  std::vector<std::string> slots;   // wrapper=slot
+  std::vector<std::string> models;  // wrapper=kind
   std::string markdown;
   std::string json;
   std::string junit;
@@ -408,6 +409,13 @@ int run_certify_python(CertifyPythonOptions& o) {
       throw CLI::ValidationError("--slot", "'" + s + "' is not WRAPPER=SLOT");
     }
     o.options.slots[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  for (const auto& m : o.models) {
+    const auto eq = m.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
+      throw CLI::ValidationError("--models", "'" + m + "' is not WRAPPER=KIND");
+    }
+    o.options.models[m.substr(0, eq)] = m.substr(eq + 1);
   }
   wrapcert::python::Stats stats;
   const auto report =
@@ -557,6 +565,9 @@ int main(int argc, char** argv) {
   py_cmd->add_option("--slot", py.slots,
                      "WRAPPER=SLOT: the child a wrapper keeps the module in, where it is not "
                      "found as the child that is the module given; repeatable");
+  py_cmd->add_option("--models", py.models,
+                     "WRAPPER=KIND: the wrapcert kind that models a wrapper; its saved keys must "
+                     "be the real wrapper's on every tree (row 'C++ agreement'); repeatable");
   py_cmd->add_option("--unwrap", py.options.unwrap,
                      "the unwrap function to certify (package.module:callable, model -> module); "
                      "default: wrapcert's reference unwrap ported to Python");

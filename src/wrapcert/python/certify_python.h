@@ -26,6 +26,10 @@ struct Options {
   std::vector<std::string> wrappers;
   /// A wrapper's child slot, where it is not the child that is the module it was given.
   std::map<std::string, std::string> slots;
+  /// The wrapcert kind (`Kind` or `Kind[mode]`) that models a wrapper, for the "C++ agreement"
+  /// row: on each tree the kind's saved keys must be the real wrapper's. Torch's DataParallel,
+  /// DistributedDataParallel and checkpoint_wrapper are mapped already.
+  std::map<std::string, std::string> models;
   /// The unwrap function under test (`package.module:callable`, model -> module); empty: the
   /// Python port of the reference unwrap, and the wrappers are what is certified.
   std::string unwrap;
