@@ -4,7 +4,8 @@
 #   tools/test_certify_python.sh path/to/wrapcert GROUP
 #   GROUP: torch (real torch wrappers pass), subjects (known wrong unwraps are rejected, with a
 #   repro script that reproduces), wrappers (a sound Python wrapper passes, one per broken
-#   contract is rejected), faults (a crash, a hang, an import that fails), dump (check-dump)
+#   contract is rejected), faults (a crash, a hang, an import that fails), dump (check-dump),
+#   xla (torch_xla's FSDPv2, where a TPU is found and torch_xla imports; else exit 77: skipped)
 set -uo pipefail
 tool=$1 group=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -156,6 +157,20 @@ PY
     run 2 check-dump "$dir/bad.json"
     run 2 check-dump "$dir/missing.json"
     echo "dumps: checked"
+    ;;
+  xla)
+    if ! "$tool" hardware --json |
+        /usr/bin/python3 -c 'import json, sys; sys.exit(not json.load(sys.stdin)["tpu"]["present"])'; then
+      echo "skipped: no TPU (wrapcert hardware)"
+      exit 77
+    fi
+    if ! /usr/bin/python3 -c "import torch_xla" 2>/dev/null; then
+      echo "skipped: a TPU, but torch_xla does not import"
+      exit 77
+    fi
+    certify 0 --wrapper SpmdFullyShardedDataParallel
+    expect_passed "torch_xla's FSDPv2" P1 P2 P8
+    echo "torch_xla FSDPv2: certified"
     ;;
   *)
     fail "unknown group $group"
