@@ -55,7 +55,11 @@ def _ddp_group():
     import tempfile
     import torch.distributed as dist
     if not dist.is_initialized():
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="wrapcert-ddp-"), "store"), 1)
+        import atexit
+        import shutil
+        folder = tempfile.mkdtemp(prefix="wrapcert-ddp-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 
