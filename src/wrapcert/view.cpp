@@ -5,6 +5,7 @@
 #include <wrapcert/error.h>
 #include <wrapcert/view.h>
 
+#include <torch/nn/cloneable.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -12,10 +13,34 @@
 #include <unordered_map>
 
 namespace wrapcert {
+namespace detail {
+/// Names the specialization below; nothing else.
+struct ChildTableKey {};
+}  // namespace detail
+using ChildTable = torch::OrderedDict<std::string, ModulePtr>;
+}  // namespace wrapcert
+
+/// `torch::nn::Module` keeps its child table private and befriends every `Cloneable<T>`; this
+/// specialization (for a type of wrapcert's own, so it can clash with nothing) only reads it.
+template <>
+class torch::nn::Cloneable<wrapcert::detail::ChildTableKey> {
+ public:
+  static const wrapcert::ChildTable& children(const torch::nn::Module& module) {
+    return module.children_;
+  }
+};
+
+namespace wrapcert {
 namespace {
 
 using detail::join_path;
 using detail::stray_state;
+
+/// A module's own child table, read in place: `named_children()` copies it (names, pointers
+/// and a hash index) for every module, which was most of the cost of building a view.
+const ChildTable& child_table(const torch::nn::Module& module) {
+  return torch::nn::Cloneable<detail::ChildTableKey>::children(module);
+}
 
 std::string non_persistent_mark(const std::string& buffer) {
   return "non-persistent:" + buffer;
@@ -31,17 +56,21 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   if (!root) throw Error(ErrorCode::kInvalidArgument, "", "cannot view a null module");
   ModuleView view;
   view.show_held_ = static_cast<bool>(see_through);
+  constexpr size_t kNotOnPath = static_cast<size_t>(-1);
   struct Frame {
     size_t node;
     size_t edge;  // index of the edge into this node within its parent's children (not root)
-    torch::OrderedDict<std::string, ModulePtr> children;
-    size_t next = 0;
-    std::vector<const torch::nn::Module*> marked;  // on-path entries this frame owns
+    const ChildTable* children;  // the module's own table, not a copy
+    size_t next;
+    size_t wrappers_begin;  // this frame's entries in `wrappers_on_path` start here
   };
   std::vector<Frame> stack;
+  // Every module viewed -> its node; a node's frame depth while it is on the current path.
   std::unordered_map<const torch::nn::Module*, size_t> index;
-  // Modules on the current path (with their wrappers) -> depth of the frame they belong to.
-  std::unordered_map<const torch::nn::Module*, size_t> on_path;
+  std::vector<size_t> depth_of;
+  // Wrappers seen through on the current path (they are no nodes), in path order, with the
+  // depth of the frame they lead to; few, so a linear search beats hashing.
+  std::vector<std::pair<const torch::nn::Module*, size_t>> wrappers_on_path;
 
   // Paths are spelled out only for error messages: building one per node would make a deep
   // chain quadratic. `depth` frames, then `edge` (a pending edge from the top frame, or null).
@@ -58,25 +87,26 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
     if (edge) append(*edge);
     return path;
   };
+  auto cycle = [&](const torch::nn::Module& module, size_t depth, const Edge* edge) {
+    const auto ancestor = path_of(std::min(depth + 1, stack.size()), nullptr);
+    return Error(ErrorCode::kCycle, path_of(stack.size(), edge),
+                 detail::python_type_name(module) + " is its own ancestor (already at '" +
+                     (ancestor.empty() ? "<root>" : ancestor) + "')");
+  };
   // Follows wrappers from `module` along `edge` (null for the root), extending its `via`.
-  auto resolve = [&](ModulePtr module, Edge* edge, std::vector<std::string>& via,
-                     std::vector<const torch::nn::Module*>& marked) {
+  auto resolve = [&](ModulePtr module, Edge* edge, std::vector<std::string>& via) {
     while (true) {
-      if (auto it = on_path.find(module.get()); it != on_path.end()) {
-        const auto ancestor = path_of(std::min(it->second + 1, stack.size()), nullptr);
-        throw Error(ErrorCode::kCycle, path_of(stack.size(), edge),
-                    detail::python_type_name(*module) + " is its own ancestor (already at '" +
-                        (ancestor.empty() ? "<root>" : ancestor) + "')");
-      }
       const WrapperKind* kind = see_through ? see_through(*module) : nullptr;
       if (!kind) return module;
+      for (const auto& [wrapper, depth] : wrappers_on_path) {
+        if (wrapper == module.get()) throw cycle(*module, depth, edge);
+      }
       if (auto stray = stray_state(*module, *kind)) {
         throw Error(ErrorCode::kWrapperState, join_path(path_of(stack.size(), edge), stray->name),
                     kind->name + " holds a " + stray->what + " outside its slot '" + kind->slot +
                         "', and its kind does not declare it as state of its own");
       }
-      on_path.emplace(module.get(), stack.size());
-      marked.push_back(module.get());
+      wrappers_on_path.emplace_back(module.get(), stack.size());
       auto inner = kind->inner ? kind->inner(*module) : find_child(*module, kind->slot);
       via.push_back(kind->slot);
       if (!inner) {
@@ -86,42 +116,41 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
       module = std::move(inner);
     }
   };
-  auto push = [&](ModulePtr module, size_t edge, std::vector<const torch::nn::Module*> marked) {
+  auto push = [&](ModulePtr module, size_t edge, size_t wrappers_begin) {
     const size_t node = view.nodes_.size();
     index.emplace(module.get(), node);
-    on_path.emplace(module.get(), stack.size());
-    marked.push_back(module.get());
-    auto children = module->named_children();
+    depth_of.push_back(stack.size());
+    const ChildTable& children = child_table(*module);
     view.nodes_.push_back(Node{std::move(module), {}});
-    stack.push_back(Frame{node, edge, std::move(children), 0, std::move(marked)});
+    view.nodes_.back().children.reserve(children.size());
+    stack.push_back(Frame{node, edge, &children, 0, wrappers_begin});
   };
 
-  {
-    std::vector<const torch::nn::Module*> marked;
-    auto module = resolve(root, nullptr, view.root_via_, marked);
-    push(std::move(module), 0, std::move(marked));
-  }
+  push(resolve(root, nullptr, view.root_via_), 0, 0);
   while (!stack.empty()) {
     Frame& frame = stack.back();
-    if (frame.next == frame.children.size()) {
-      for (const auto* m : frame.marked) on_path.erase(m);
+    if (frame.next == frame.children->size()) {
+      wrappers_on_path.resize(frame.wrappers_begin);
+      depth_of[frame.node] = kNotOnPath;
       stack.pop_back();
       continue;
     }
-    const auto& item = frame.children[frame.next++];
+    const auto& item = (*frame.children)[frame.next++];
+    if (!item.value()) continue;
     auto& edges = view.nodes_[frame.node].children;
     edges.push_back(Edge{item.key(), 0, {}});
     const size_t edge_index = edges.size() - 1;
-    std::vector<const torch::nn::Module*> marked;
+    const size_t wrappers_begin = wrappers_on_path.size();
     Edge& edge = edges.back();
-    auto module = resolve(item.value(), &edge, edge.via, marked);
+    auto module = resolve(item.value(), &edge, edge.via);
     if (auto it = index.find(module.get()); it != index.end()) {
-      for (const auto* m : marked) on_path.erase(m);  // shared: already viewed elsewhere
+      if (depth_of[it->second] != kNotOnPath) throw cycle(*module, depth_of[it->second], &edge);
+      wrappers_on_path.resize(wrappers_begin);  // shared: already viewed elsewhere
       edge.node = it->second;
       continue;
     }
     edge.node = view.nodes_.size();
-    push(std::move(module), edge_index, std::move(marked));  // invalidates `frame`, `edge`
+    push(std::move(module), edge_index, wrappers_begin);  // invalidates `frame`, `edge`
   }
   return view;
 }
