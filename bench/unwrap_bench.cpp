@@ -247,6 +247,13 @@ void BM_UnwrapDuckTypedLayout(benchmark::State& state) {
   state.SetLabel(layout(state.range(0)).name);
 }
 
+void BM_NamedParametersLayout(benchmark::State& state) {
+  // LibTorch's own listing of the wrapped layout's parameters: the floor for a state dict.
+  auto model = seed_wrapped(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(model->named_parameters());
+  state.SetLabel(layout(state.range(0)).name);
+}
+
 void BM_StateDictViewLayout(benchmark::State& state) {
   auto model = seed_wrapped(state.range(0));
   const auto view = wrapcert::unwrap_reference(model);
@@ -400,6 +407,7 @@ BENCHMARK(BM_NamedModulesWalkLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_UnwrapReferenceLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_UnwrapLegacyLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_UnwrapDuckTypedLayout)->ArgName("layout")->Arg(0)->Arg(1);
+BENCHMARK(BM_NamedParametersLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_StateDictViewLayout)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_BuildLayoutOnMeta)->ArgName("layout")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TranslateKeys)->ArgName("layout")->Arg(0)->Arg(1);

@@ -20,13 +20,23 @@ struct ChildTableKey {};
 using ChildTable = torch::OrderedDict<std::string, ModulePtr>;
 }  // namespace wrapcert
 
-/// `torch::nn::Module` keeps its child table private and befriends every `Cloneable<T>`; this
-/// specialization (for a type of wrapcert's own, so it can clash with nothing) only reads it.
+/// `torch::nn::Module` keeps its tables of children, parameters and buffers private and
+/// befriends every `Cloneable<T>`; this specialization (for a type of wrapcert's own, so it can
+/// clash with nothing) only reads them, where `named_children()`, `named_parameters()` and
+/// `named_buffers()` would copy each table (names, values and a hash index).
 template <>
 class torch::nn::Cloneable<wrapcert::detail::ChildTableKey> {
  public:
   static const wrapcert::ChildTable& children(const torch::nn::Module& module) {
     return module.children_;
+  }
+  static const torch::OrderedDict<std::string, torch::Tensor>& parameters(
+      const torch::nn::Module& module) {
+    return module.parameters_;
+  }
+  static const torch::OrderedDict<std::string, torch::Tensor>& buffers(
+      const torch::nn::Module& module) {
+    return module.buffers_;
   }
 };
 
@@ -205,30 +215,35 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
   std::string root_prefix;
   for (const auto& slot : root_via_) root_prefix += slot + ".";
   std::vector<Item> stack{{0, "", root_prefix, false}};
+  std::string clean, wrapped;
   while (!stack.empty()) {
     Item item = std::move(stack.back());
     stack.pop_back();
     const Node& node = nodes_[item.node];
     const torch::nn::Module& module = *node.module;
     const bool through = item.through || (is_wrapper && is_wrapper(module) != nullptr);
-    for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-      if (!p.value().defined()) continue;
-      fn(item.clean_prefix + p.key(), item.wrapped_prefix + p.key(), p.value(), through);
+    // Each key is spelled into these two, whose capacity outlives the tensor: no allocation
+    // per tensor besides what `fn` keeps.
+    auto emit = [&](const std::string& name, const torch::Tensor& tensor) {
+      clean.assign(item.clean_prefix).append(name);
+      wrapped.assign(item.wrapped_prefix).append(name);
+      fn(clean, wrapped, tensor, through);
+    };
+    using Tables = torch::nn::Cloneable<detail::ChildTableKey>;
+    for (const auto& p : Tables::parameters(module)) {
+      if (p.value().defined()) emit(p.key(), p.value());
     }
     if (show_held_) {
-      for (const auto& [name, tensor] : detail::held_parameters(module)) {
-        fn(item.clean_prefix + name, item.wrapped_prefix + name, tensor, through);
-      }
+      for (const auto& [name, tensor] : detail::held_parameters(module)) emit(name, tensor);
     }
-    for (const auto& b : module.named_buffers(/*recurse=*/false)) {
-      if (!b.value().defined() || !is_persistent(module, b.key())) continue;
-      fn(item.clean_prefix + b.key(), item.wrapped_prefix + b.key(), b.value(), through);
+    for (const auto& b : Tables::buffers(module)) {
+      if (b.value().defined() && is_persistent(module, b.key())) emit(b.key(), b.value());
     }
     for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
-      std::string wrapped = item.wrapped_prefix + it->name + ".";
-      for (const auto& slot : it->via) wrapped += slot + ".";
+      std::string below = item.wrapped_prefix + it->name + ".";
+      for (const auto& slot : it->via) below.append(slot).append(".");
       stack.push_back(
-          Item{it->node, item.clean_prefix + it->name + ".", std::move(wrapped), through});
+          Item{it->node, item.clean_prefix + it->name + ".", std::move(below), through});
     }
   }
 }
@@ -250,6 +265,14 @@ StateDict ModuleView::state_through(const SeeThrough& is_wrapper) const {
 
 StateDict ModuleView::state_dict() const {
   StateDict state;
+  // Room for every tensor of every module once (a shared module's second path may grow it):
+  // growing the dictionary's index step by step rehashes every key each time.
+  using Tables = torch::nn::Cloneable<detail::ChildTableKey>;
+  size_t tensors = 0;
+  for (const auto& node : nodes_) {
+    tensors += Tables::parameters(*node.module).size() + Tables::buffers(*node.module).size();
+  }
+  state.reserve(tensors);
   for_each_state([&state](const std::string& key, const std::string&, const torch::Tensor& t) {
     state.insert(key, t);
   });
