@@ -53,8 +53,10 @@ expect_passed() {  # expect_passed WHAT PROPERTY...
 
 case "$group" in
   torch)
-    certify 0 --wrapper torch.nn:DataParallel
+    certify 0 --wrapper torch.nn:DataParallel --junit "$dir/report.xml" --markdown "$dir/report.md"
     expect_passed "DataParallel, as wrapcert's kind models it" C++
+    grep -q '<testcase classname="torch.nn:DataParallel" name="P4 backward \[tiny-gemma\]"' "$dir/report.xml" || fail "no JUnit report"
+    grep -q "reference (Python port)" "$dir/report.md" || fail "no Markdown report"
     certify 0 --wrapper DistributedDataParallel
     certify 0 --wrapper checkpoint_wrapper
     certify 0 --wrapper DataParallel --wrapper checkpoint_wrapper
