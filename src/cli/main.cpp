@@ -424,9 +424,9 @@ int run_certify_python(CertifyPythonOptions& o) {
   auto rate = [](int cases, double seconds) {
     return seconds > 0 ? std::to_string(static_cast<int>(cases / seconds)) + "/s" : "-";
   };
-  std::cout << "\nworker: " << stats.structural_cases << " structural cases ("
-            << rate(stats.structural_cases, stats.structural_seconds) << "), "
-            << stats.numeric_cases << " P4 cases ("
+  std::cout << "\nworker (PyTorch " << stats.torch_version << "): " << stats.structural_cases
+            << " structural cases (" << rate(stats.structural_cases, stats.structural_seconds)
+            << "), " << stats.numeric_cases << " P4 cases ("
             << rate(stats.numeric_cases, stats.numeric_seconds) << "), " << stats.worker_starts
             << (stats.worker_starts == 1 ? " process" : " processes") << "\n";
   return code;

@@ -683,7 +683,7 @@ class Runner {
                  options.timeout_seconds}) {}
 
   /// Starts the worker and checks every wrapper and the subject import.
-  void hello() {
+  void start() {
     const auto reply = worker_.call(
         {{"op", "resolve"}, {"wrappers", options_.wrappers}, {"unwrap", options_.unwrap}});
     if (reply.fault != Fault::kNone) {
@@ -856,7 +856,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     (void)Registry::global().resolve(kind);  // an unknown kind is an Error naming it
   }
   Runner runner(options);
-  runner.hello();
+  runner.start();
   (void)rc::detail::configuration();  // rapidcheck says what RC_PARAMS gave it, once, here
   const std::string kind = joined(options.wrappers);
   std::string replay = "wrapcert certify-python";
@@ -1002,6 +1002,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     stats->numeric_cases = runner.calls(true);
     stats->numeric_seconds = runner.seconds(true);
     stats->worker_starts = runner.worker().starts();
+    stats->torch_version = runner.torch_version();
   }
   report.options.fixtures = options.fixtures
                                 ? std::vector<std::string>{"tiny-gemma", "tiny-mistral"}

@@ -61,7 +61,8 @@ struct Stats {
   double structural_seconds = 0;
   int numeric_cases = 0;  ///< P4's cases: also the model, the wrapped and the unwrapped run
   double numeric_seconds = 0;
-  int worker_starts = 0;  ///< 1, plus one per worker fault
+  int worker_starts = 0;      ///< 1, plus one per worker fault
+  std::string torch_version;  ///< the PyTorch the worker imported
 };
 
 /// The rows of one run: a property per row, on generated trees and on the fixtures. Throws
