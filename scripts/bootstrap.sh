@@ -14,7 +14,7 @@ packages=(
   g++ cmake ninja-build ccache python3 python3-torch python3-matplotlib python3-scipy
   libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
-  nlohmann-json3-dev libcli11-dev
+  nlohmann-json3-dev libcli11-dev libpugixml-dev
   libzip-dev zipcmp zipmerge ziptool  # libzip's CMake package names its three tools
   clang libclang-rt-14-dev clang-tidy
 )

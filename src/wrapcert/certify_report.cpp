@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
+#include <pugixml.hpp>
 
 #include <iomanip>
 #include <map>
@@ -23,26 +24,54 @@ std::string cell(std::string text) {
   return text;
 }
 
-/// Hand-written: the stack has no XML library, and JUnit needs only escaped text.
-std::string xml(const std::string& text) {
+/// Text as XML 1.0 can hold it: a character it forbids (control characters but tab, newline and
+/// carriage return; U+FFFE and U+FFFF) and every byte that is not part of valid UTF-8 become
+/// U+FFFD. Reasons and counterexamples carry what the code under certification printed, a
+/// Python traceback or a worker's stray bytes among it. (pugixml escapes markup, not these.)
+std::string xml_text(const std::string& text) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
   std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
+  out.reserve(text.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      const bool allowed = c >= 0x20 || c == '\t' || c == '\n' || c == '\r';
+      out += allowed ? std::string(1, static_cast<char>(c)) : kReplacement;
+      ++i;
+      continue;
     }
+    // The length of a well-formed sequence starting with `c`, and its first continuation's range
+    // (Unicode's table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF).
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    }
+    bool valid = length > 0 && i + length <= n && s[i + 1] >= low && s[i + 1] <= high;
+    for (size_t k = 2; valid && k < length; ++k) valid = s[i + k] >= 0x80 && s[i + k] <= 0xBF;
+    if (!valid) {  // a stray byte: one replacement each
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // U+FFFE and U+FFFF are well-formed UTF-8 but no XML characters: one replacement each.
+    const bool noncharacter = length == 3 && c == 0xEF && s[i + 1] == 0xBF && s[i + 2] >= 0xBE;
+    if (noncharacter) {
+      out += kReplacement;
+    } else {
+      out.append(text, i, length);
+    }
+    i += length;
   }
   return out;
 }
@@ -158,11 +187,27 @@ std::string to_json(const Report& report) {
   return j.dump(2) + "\n";
 }
 
-std::string to_junit(const Report& report) {
+namespace {
+
+/// Seconds as JUnit readers show them: milliseconds, not 17 digits.
+std::string seconds_text(double seconds) {
   std::ostringstream out;
-  out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"wrapcert certify\" "
-         "tests=\""
-      << report.entries.size() << "\" failures=\"" << report.count(Status::kFailed) << "\">\n";
+  out << std::fixed << std::setprecision(3) << seconds;
+  return out.str();
+}
+
+}  // namespace
+
+std::string to_junit(const Report& report) {
+  pugi::xml_document doc;
+  auto decl = doc.append_child(pugi::node_declaration);
+  decl.append_attribute("version") = "1.0";
+  decl.append_attribute("encoding") = "UTF-8";
+  auto suites = doc.append_child("testsuites");
+  suites.append_attribute("name") = "wrapcert certify";
+  suites.append_attribute("tests") = static_cast<unsigned long long>(report.entries.size());
+  suites.append_attribute("failures") =
+      static_cast<unsigned long long>(report.count(Status::kFailed));
   for (const auto& kind : kinds_in_order(report)) {
     size_t tests = 0, failures = 0, skipped = 0;
     double seconds = 0;
@@ -173,25 +218,32 @@ std::string to_junit(const Report& report) {
       skipped += e.status == Status::kSkipped;
       seconds += e.seconds;
     }
-    out << "  <testsuite name=\"" << xml(kind) << "\" tests=\"" << tests << "\" failures=\""
-        << failures << "\" skipped=\"" << skipped << "\" time=\"" << seconds << "\">\n";
+    auto suite = suites.append_child("testsuite");
+    suite.append_attribute("name") = xml_text(kind).c_str();
+    suite.append_attribute("tests") = static_cast<unsigned long long>(tests);
+    suite.append_attribute("failures") = static_cast<unsigned long long>(failures);
+    suite.append_attribute("skipped") = static_cast<unsigned long long>(skipped);
+    suite.append_attribute("time") = seconds_text(seconds).c_str();
     for (const auto& e : report.entries) {
       if (e.kind != kind) continue;
-      out << "    <testcase classname=\"" << xml(kind) << "\" name=\""
-          << xml(e.property + " [" + e.target + "]") << "\" time=\"" << e.seconds << "\">";
+      auto test = suite.append_child("testcase");
+      test.append_attribute("classname") = xml_text(kind).c_str();
+      test.append_attribute("name") = xml_text(e.property + " [" + e.target + "]").c_str();
+      test.append_attribute("time") = seconds_text(e.seconds).c_str();
       if (e.status == Status::kFailed) {
-        out << "\n      <failure message=\"" << xml(e.reason) << "\">"
-            << xml(e.reason + (e.key.empty() ? "" : " at '" + e.key + "'") + "\n" +
-                   e.counterexample + (e.replay.empty() ? "" : "\nreplay: " + e.replay))
-            << "</failure>\n    ";
+        auto failure = test.append_child("failure");
+        failure.append_attribute("message") = xml_text(e.reason).c_str();
+        failure.text() =
+            xml_text(e.reason + (e.key.empty() ? "" : " at '" + e.key + "'") + "\n" +
+                     e.counterexample + (e.replay.empty() ? "" : "\nreplay: " + e.replay))
+                .c_str();
       } else if (e.status == Status::kSkipped) {
-        out << "\n      <skipped message=\"" << xml(e.reason) << "\"/>\n    ";
+        test.append_child("skipped").append_attribute("message") = xml_text(e.reason).c_str();
       }
-      out << "</testcase>\n";
     }
-    out << "  </testsuite>\n";
   }
-  out << "</testsuites>\n";
+  std::ostringstream out;
+  doc.save(out, "  ", pugi::format_default | pugi::format_no_declaration);
   return out.str();
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
+#include <pugixml.hpp>
 
 #include <csignal>
 #include <iostream>
@@ -145,6 +146,37 @@ TEST(Certify, RejectsAFaultyKindWithACounterexample) {
   EXPECT_THAT(to_junit(report), HasSubstr("<failure message="));
   EXPECT_THAT(to_markdown(report), HasSubstr("**FAILED**"));
   EXPECT_THAT(to_summary(report), HasSubstr("| P4 backward | generated trees | **FAIL** |"));
+}
+
+TEST(Certify, JUnitHoldsWhatXmlCannotAsReplacementCharacters) {
+  // What a worker printed can be anything: a NUL, an escape sequence, bytes that are no UTF-8.
+  Report report;
+  Entry e;
+  e.kind = "Odd<Kind>&\x01";
+  e.property = "P1 keys";
+  e.target = "generated trees";
+  e.status = Status::kFailed;
+  e.reason = "the worker said \x1b[31m\"no\"\x1b[0m";
+  e.reason.push_back('\0');
+  e.counterexample = "caf\xc3\xa9 \xff\xfe \xed\xa0\x80 \xef\xbf\xbe ]]> \xf0\x9f\x99\x82\tend";
+  report.entries.push_back(e);
+  const auto text = to_junit(report);
+
+  pugi::xml_document doc;
+  ASSERT_TRUE(doc.load_string(text.c_str())) << text;
+  for (unsigned char c : text) {
+    EXPECT_TRUE(c >= 0x20 || c == '\n' || c == '\t' || c == '\r') << "byte " << int(c);
+  }
+  const auto failure =
+      doc.child("testsuites").child("testsuite").child("testcase").child("failure");
+  EXPECT_EQ(std::string(doc.child("testsuites").child("testsuite").attribute("name").value()),
+            "Odd<Kind>&\xef\xbf\xbd");
+  const std::string body = failure.text().get();
+  EXPECT_THAT(body, HasSubstr("the worker said \xef\xbf\xbd[31m\"no\"\xef\xbf\xbd[0m"));
+  // Kept: é and the emoji. Replaced, a U+FFFD each: two stray bytes, a surrogate's three, U+FFFE.
+  EXPECT_THAT(body, HasSubstr("caf\xc3\xa9 \xef\xbf\xbd\xef\xbf\xbd "));
+  EXPECT_THAT(body, HasSubstr("]]> \xf0\x9f\x99\x82\tend"));
+  EXPECT_THAT(body, HasSubstr("\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd ]]>"));
 }
 
 TEST(Certify, ShowsTheLegacySubjectFailing) {
