@@ -1,5 +1,6 @@
 #include <wrapcert/certify.h>
 #include <wrapcert/detail/blame.h>
+#include <wrapcert/detail/quiet_listener.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
@@ -53,15 +54,6 @@ Entry new_entry(const std::string& kind, const std::string& property, const std:
   return entry;
 }
 
-/// Listens to nothing: rapidcheck's default listener would also report each failure again at
-/// process exit, and certification reports its own.
-class QuietListener : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
-
 Entry run_generated(const std::string& kind, const props::GeneratedProperty& property,
                     const props::UnwrapSubject& subject, const props::Translator& translator,
                     const Options& options) {
@@ -82,7 +74,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   params.seed = options.seed;
   params.maxSuccess = options.cases;
   params.maxSize = options.max_size;
-  QuietListener quiet;
+  detail::QuietListener quiet;
   const auto result = rc::detail::checkProperty(
       rc::detail::toProperty([&] {
         const auto spec = *trees;

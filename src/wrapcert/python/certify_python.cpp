@@ -1,5 +1,6 @@
 #include <wrapcert/atomic_file.h>
 #include <wrapcert/bridge.h>
+#include <wrapcert/detail/quiet_listener.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/build.h>
@@ -656,14 +657,6 @@ std::vector<PythonProperty> python_properties(const Options& options) {
   return out;
 }
 
-/// Listens to nothing: rapidcheck's default listener would report each failure again at exit.
-class QuietListener : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
-
 std::string shell_quote(const std::string& s) {
   if (s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:/=") ==
       std::string::npos) {
@@ -886,7 +879,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     params.seed = seed;
     params.maxSuccess = options.cases;
     params.maxSize = options.max_size;
-    QuietListener quiet;
+    detail::QuietListener quiet;
     const auto result = rc::detail::checkProperty(
         rc::detail::toProperty([&] {
           const auto spec = *trees;
