@@ -34,27 +34,19 @@ report = json.load(open(sys.argv[1]))
 print(" ".join(e["property"].split()[0] for e in report["entries"] if e["status"] == sys.argv[2]))
 PY
 }
-expect_failed() {  # expect_failed WHAT PROPERTY...: each named property failed
-  local what=$1 failed
-  shift
-  failed=" $(rows failed) "
+expect() {  # expect STATUS WHAT PROPERTY...: each named property has that status (failed, passed)
+  local status=$1 what=$2 found
+  shift 2
+  found=" $(rows "$status") "
   for p in "$@"; do
-    [[ "$failed" == *" $p "* ]] || { cat "$dir/out.txt"; fail "$what: $p did not fail (failed: $failed)"; }
-  done
-}
-expect_passed() {  # expect_passed WHAT PROPERTY...
-  local what=$1 passed
-  shift
-  passed=" $(rows passed) "
-  for p in "$@"; do
-    [[ "$passed" == *" $p "* ]] || { cat "$dir/out.txt"; fail "$what: $p did not pass"; }
+    [[ "$found" == *" $p "* ]] || { cat "$dir/out.txt"; fail "$what: $p is not $status (those $status: $found)"; }
   done
 }
 
 case "$group" in
   torch)
     certify 0 --wrapper torch.nn:DataParallel --junit "$dir/report.xml" --markdown "$dir/report.md"
-    expect_passed "DataParallel, as wrapcert's kind models it" C++
+    expect passed "DataParallel, as wrapcert's kind models it" C++
     grep -q '<testcase classname="torch.nn:DataParallel" name="P4 backward \[tiny-gemma\]"' "$dir/report.xml" || fail "no JUnit report"
     grep -q "reference (Python port)" "$dir/report.md" || fail "no Markdown report"
     certify 0 --wrapper DistributedDataParallel
@@ -63,21 +55,21 @@ case "$group" in
     # The reentrant checkpoint (torch 1.13's default) gives no gradient to a checkpointed
     # module whose inputs need none (an Embedding fed token ids), whatever the tolerance.
     certify 1 --wrapper 'checkpoint_wrapper[reentrant]' --tolerance 1e-12
-    expect_failed "reentrant checkpoint" P4
+    expect failed "reentrant checkpoint" P4
     grep -q "no gradient in the wrapped run" "$dir/report.json" || fail "the reentrant checkpoint's reason"
     echo "torch wrappers: certified"
     ;;
   subjects)
     certify 1 --wrapper DataParallel --unwrap known_unwraps:root_only --repro "$dir/repro.py"
-    expect_failed "root-only unwrap" P1 P2 P9 P10
+    expect failed "root-only unwrap" P1 P2 P9 P10
     grep -q "n2 modules, [0-9] wrappers" "$dir/report.json" || fail "the root-only counterexample is not shrunk to 2 modules"
     /usr/bin/python3 "$dir/repro.py" > "$dir/repro.txt" 2>&1
     [ $? -eq 1 ] || { cat "$dir/repro.txt"; fail "the repro script does not exit 1"; }
     grep -q "PROBLEM: keys differ" "$dir/repro.txt" || fail "the repro script does not show the wrong keys"
     certify 1 --wrapper DataParallel --unwrap known_unwraps:duck_typed_recursive
-    expect_failed "duck-typed recursive unwrap" P1 P5 P9
+    expect failed "duck-typed recursive unwrap" P1 P5 P9
     certify 1 --wrapper DataParallel --unwrap known_unwraps:copying
-    expect_failed "copying unwrap" P2
+    expect failed "copying unwrap" P2
     echo "known unwraps: rejected, with a repro"
     ;;
   wrappers)
@@ -85,21 +77,21 @@ case "$group" in
     certify 0 --wrapper wrappers_under_test:Noisy
     # A wrapcert kind that does not model the wrapper: its keys are not the wrapper's.
     certify 1 --wrapper wrappers_under_test:Sound --models wrappers_under_test:Sound=DataParallel
-    expect_failed "a kind that does not model the wrapper" C++
-    expect_passed "a kind that does not model the wrapper" P1 P2 P4
+    expect failed "a kind that does not model the wrapper" C++
+    expect passed "a kind that does not model the wrapper" P1 P2 P4
     certify 1 --wrapper wrappers_under_test:Copying --slot wrappers_under_test:Copying=inner
-    expect_failed "a wrapper of a copy" P2
+    expect failed "a wrapper of a copy" P2
     certify 1 --wrapper wrappers_under_test:copying --slot wrappers_under_test:copying=inner
-    expect_failed "a wrapper function that copies" P2
+    expect failed "a wrapper function that copies" P2
     certify 1 --wrapper wrappers_under_test:ExtraState
-    expect_failed "a wrapper with state of its own" P8
-    expect_passed "a wrapper with state of its own" P1 P2
+    expect failed "a wrapper with state of its own" P8
+    expect passed "a wrapper with state of its own" P1 P2
     certify 1 --wrapper wrappers_under_test:Bypassing
-    expect_failed "a wrapper that bypasses" P4
+    expect failed "a wrapper that bypasses" P4
     certify 1 --wrapper wrappers_under_test:NoGrad
-    expect_failed "a wrapper without autograd" P4
+    expect failed "a wrapper without autograd" P4
     certify 1 --wrapper wrappers_under_test:Unregistered
-    expect_failed "a wrapper that hides the module" P1
+    expect failed "a wrapper that hides the module" P1
     grep -q "holds the module it wraps in no child of its own" "$dir/report.json" || fail "Unregistered's reason"
     echo "Python wrappers: the sound one certified, each faulty one rejected"
     ;;
@@ -171,7 +163,7 @@ PY
       exit 77
     fi
     certify 0 --wrapper SpmdFullyShardedDataParallel
-    expect_passed "torch_xla's FSDPv2" P1 P2 P8
+    expect passed "torch_xla's FSDPv2" P1 P2 P8
     echo "torch_xla FSDPv2: certified"
     ;;
   *)

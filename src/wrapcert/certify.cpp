@@ -1,6 +1,6 @@
 #include <wrapcert/certify.h>
 #include <wrapcert/detail/blame.h>
-#include <wrapcert/detail/quiet_listener.h>
+#include <wrapcert/detail/quiet_check.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/generators.h>
@@ -70,13 +70,8 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   auto shrunk = std::make_shared<gen::TreeSpec>();
   auto verdict = std::make_shared<Verdict>();
   auto runs = std::make_shared<int>(0);
-  rc::detail::TestParams params;
-  params.seed = options.seed;
-  params.maxSuccess = options.cases;
-  params.maxSize = options.max_size;
-  detail::QuietListener quiet;
-  const auto result = rc::detail::checkProperty(
-      rc::detail::toProperty([&] {
+  const auto result = detail::check_quietly(
+      kind + "." + property.name, options.seed, options.cases, options.max_size, [&] {
         const auto spec = *trees;
         const auto v = property.check(spec, subject, translator);
         ++*runs;
@@ -86,8 +81,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
         }
         RC_PRE(!v.skipped);
         RC_ASSERT(v.passed);
-      }),
-      rc::detail::TestMetadata{kind + "." + property.name, property.name}, params, quiet);
+      });
   entry.cases = *runs;
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;

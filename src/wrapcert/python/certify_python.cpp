@@ -1,6 +1,6 @@
 #include <wrapcert/atomic_file.h>
 #include <wrapcert/bridge.h>
-#include <wrapcert/detail/quiet_listener.h>
+#include <wrapcert/detail/quiet_check.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/build.h>
@@ -875,13 +875,8 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     bool faulted = false;
     int runs = 0, refused = 0;
     std::string refusal;
-    rc::detail::TestParams params;
-    params.seed = seed;
-    params.maxSuccess = options.cases;
-    params.maxSize = options.max_size;
-    detail::QuietListener quiet;
-    const auto result = rc::detail::checkProperty(
-        rc::detail::toProperty([&] {
+    const auto result = detail::check_quietly(
+        kind + "." + property.name, seed, options.cases, options.max_size, [&] {
           const auto spec = *trees;
           // After a worker fault, shrinking stops: a smaller case that hangs too would cost
           // another time limit, and the case that faulted is the one to report.
@@ -903,8 +898,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
           }
           RC_PRE(!v.skipped);
           RC_ASSERT(v.passed);
-        }),
-        rc::detail::TestMetadata{kind + "." + property.name, property.name}, params, quiet);
+        });
     entry.cases = runs;
     rc::detail::FailureResult failure;
     rc::detail::GaveUpResult gave_up;
