@@ -5,10 +5,11 @@
 // tools/bench_report.py turns runs into Markdown and a plot; tools/bench_compare.py gates;
 // scripts/bench.sh does all of it.
 
-#include <wrapcert/certify.h>
+#include <wrapcert/certify/certify.h>
+#include <wrapcert/certify/properties.h>
 #include <wrapcert/fixtures/causal_lm.h>
+#include <wrapcert/fixtures/certification.h>
 #include <wrapcert/gen/generators.h>
-#include <wrapcert/properties.h>
 #include <wrapcert/python/certify_python.h>
 #include <wrapcert/wrapcert.h>
 
@@ -349,6 +350,7 @@ void BM_CertifyOneKind(benchmark::State& state) {
   state.SetLabel(kind);
   wrapcert::certify::Options options;
   options.seed = 1;
+  options.models = wrapcert::fixtures::certification_models();
   for (auto _ : state) {
     wrapcert::certify::Report report;
     if (kind == "WalkingRelay") {

@@ -1,12 +1,14 @@
 # `cmake --install` + `find_package(wrapcert)` for consumers, with namespaced targets:
-# wrapcert::core, wrapcert::fixtures, wrapcert::gen, wrapcert::certify, wrapcert::plugin (what
-# a MODULE library of wrapper kinds builds against), wrapcert::python (certification on real
-# PyTorch, with the worker's Python files in share/wrapcert/python), and the CLI.
+# wrapcert::core, wrapcert::io, wrapcert::gen, wrapcert::certify, wrapcert::fixtures,
+# wrapcert::python (certification on real PyTorch, with the worker's Python files in
+# share/wrapcert/python), wrapcert::plugin (what a MODULE library of wrapper kinds builds
+# against), and the CLI. Each library installs its HEADERS file set: its public API, no
+# `detail/` header.
 include(CMakePackageConfigHelpers)
 
 set(WRAPCERT_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/wrapcert")
 
-set(_wrapcert_targets wrapcert_core wrapcert_fixtures wrapcert_gen wrapcert_certify
+set(_wrapcert_targets wrapcert_core wrapcert_io wrapcert_gen wrapcert_certify wrapcert_fixtures
                       wrapcert_python wrapcert_plugin)
 if(TARGET wrapcert_cli)
   list(APPEND _wrapcert_targets wrapcert_cli)
@@ -16,15 +18,10 @@ install(TARGETS ${_wrapcert_targets}
   ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}"
+  FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
-install(DIRECTORY "${PROJECT_SOURCE_DIR}/src/wrapcert"
-  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-  FILES_MATCHING PATTERN "*.h" PATTERN "testing" EXCLUDE PATTERN "worker.h" EXCLUDE)
-list(TRANSFORM WRAPCERT_PYTHON_FILES PREPEND "${PROJECT_SOURCE_DIR}/tools/python/"
-     OUTPUT_VARIABLE _wrapcert_python_files)
-install(FILES ${_wrapcert_python_files} DESTINATION "${CMAKE_INSTALL_DATADIR}/wrapcert/python")
-install(DIRECTORY "${PROJECT_SOURCE_DIR}/fixtures/include/wrapcert"
-  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/tools/python/"
+  DESTINATION "${CMAKE_INSTALL_DATADIR}/wrapcert/python" FILES_MATCHING PATTERN "wrapcert_*.py")
 install(EXPORT wrapcertTargets NAMESPACE wrapcert:: DESTINATION "${WRAPCERT_CMAKE_DIR}")
 
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/wrapcertConfig.cmake.in"

@@ -3,7 +3,7 @@
 // and every shard it accepts is a plain file name in the index's folder.
 #include "fuzz_support.h"
 
-#include <wrapcert/checkpoint_file.h>
+#include <wrapcert/io/checkpoint_file.h>
 
 #include <string>
 

@@ -3,7 +3,7 @@
 // its header promised.
 #include "fuzz_support.h"
 
-#include <wrapcert/safetensors.h>
+#include <wrapcert/io/safetensors.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>

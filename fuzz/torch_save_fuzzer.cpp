@@ -3,7 +3,7 @@
 // (fuzz/make_corpus.py writes the seeds so); an "entry NAME" line names the entry to look up.
 #include "fuzz_support.h"
 
-#include <wrapcert/detail/pickle.h>
+#include <wrapcert/io/detail/pickle.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>

@@ -2,7 +2,7 @@
 // on what it builds: arbitrary JSON must give a mirror and verdicts, or an Error.
 #include "fuzz_support.h"
 
-#include <wrapcert/bridge.h>
+#include <wrapcert/python/bridge.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>

@@ -4,7 +4,7 @@
 ///   auto v = wrapcert::props::keys(spec, wrapcert::faulty::reorders_keys());
 ///   // v.passed == false for a spec with two or more keys out of alphabetical order
 
-#include <wrapcert/properties.h>
+#include <wrapcert/certify/properties.h>
 
 namespace wrapcert::faulty {
 

@@ -20,7 +20,7 @@ void PrintTo(const GeneratedProperty& property, std::ostream* os) {
 
 namespace {
 
-using testing::assert_verdict;
+using test_support::assert_verdict;
 
 const props::UnwrapSubject& reference() {
   static const auto s = props::subject(Subject::kReference);

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-namespace wrapcert::testing {
+namespace wrapcert::test_support {
 
 Rejection find_rejection(const rc::Gen<gen::TreeSpec>& trees, const PropertyFn& property) {
   auto shrunk = std::make_shared<gen::TreeSpec>();
@@ -36,4 +36,4 @@ Rejection find_rejection(const rc::Gen<gen::TreeSpec>& trees, const PropertyFn& 
   return out;
 }
 
-}  // namespace wrapcert::testing
+}  // namespace wrapcert::test_support

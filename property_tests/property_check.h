@@ -2,17 +2,17 @@
 /// Glue between the plain property functions and rapidcheck: run one as a property, or check
 /// that a property rejects a subject and report the shrunk counterexample.
 ///
-///   RC_GTEST_PROP(Reference, P1Keys, ()) { wrapcert::testing::assert_verdict(...); }
+///   RC_GTEST_PROP(Reference, P1Keys, ()) { wrapcert::test_support::assert_verdict(...); }
 
+#include <wrapcert/certify/properties.h>
 #include <wrapcert/gen/generators.h>
-#include <wrapcert/properties.h>
 
 #include <rapidcheck.h>
 
 #include <functional>
 #include <string>
 
-namespace wrapcert::testing {
+namespace wrapcert::test_support {
 
 using PropertyFn = std::function<props::Verdict(const gen::TreeSpec&)>;
 
@@ -36,4 +36,4 @@ struct Rejection {
 /// says whether it found a failing case, shrunk.
 Rejection find_rejection(const rc::Gen<gen::TreeSpec>& trees, const PropertyFn& property);
 
-}  // namespace wrapcert::testing
+}  // namespace wrapcert::test_support

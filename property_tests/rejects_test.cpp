@@ -4,7 +4,7 @@
 #include "faulty_subjects.h"
 #include "property_check.h"
 
-#include <wrapcert/testing/contract_kinds.h>
+#include <wrapcert/test_support/contract_kinds.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,11 +16,11 @@ namespace wrapcert {
 namespace {
 
 using props::UnwrapSubject;
-using namespace wrapcert::testing;  // NOLINT(google-build-using-namespace): the faulty kinds
+using namespace wrapcert::test_support;  // NOLINT(google-build-using-namespace): the faulty kinds
 
 struct Case {
   std::string name;
-  testing::PropertyFn property;
+  test_support::PropertyFn property;
   gen::GenOptions options;
   /// A faulty wrapper kind registered while the case runs (the contract properties' subject).
   WrapperKind (*kind)() = nullptr;
@@ -53,7 +53,7 @@ gen::GenOptions with_flat() {
 }
 
 template <typename Check>
-testing::PropertyFn with(Check check, UnwrapSubject subject) {
+test_support::PropertyFn with(Check check, UnwrapSubject subject) {
   return [=](const gen::TreeSpec& spec) { return check(spec, subject); };
 }
 
@@ -117,7 +117,7 @@ TEST_P(Rejects, ItsFaultySubjectWithASmallCounterexample) {
   const auto& c = GetParam();
   std::optional<ScopedRegistration> registered;
   if (c.kind) registered.emplace(c.kind());
-  const auto result = testing::find_rejection(gen::trees(c.options), c.property);
+  const auto result = test_support::find_rejection(gen::trees(c.options), c.property);
   ASSERT_TRUE(result.rejected) << c.name << " accepted its faulty subject:\n" << result.message;
   std::cout << c.name << ": shrunk to " << result.modules << " modules\n"
             << result.message << "\n"

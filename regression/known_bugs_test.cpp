@@ -2,7 +2,7 @@
 // reference unwrap and is asserted to fail against the subject that has the bug.
 
 #include <wrapcert/fixtures/causal_lm.h>
-#include <wrapcert/testing/models.h>
+#include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -39,8 +39,8 @@ std::vector<std::string> unwrapped_keys(Subject s, const ModulePtr& wrapped) {
 // fangwei123456/spikingjelly PR #686 (review); Lightning-AI/pytorch-lightning #17566: a user
 // module that keeps a child named `module` is taken for a wrapper.
 TEST(KnownBug, NormLayerWithAModuleChildIsNotAWrapper) {
-  auto model = std::make_shared<testing::ChainImpl>();
-  model->register_module("norm", std::make_shared<testing::UserModuleImpl>("module"));
+  auto model = std::make_shared<test_support::ChainImpl>();
+  model->register_module("norm", std::make_shared<test_support::UserModuleImpl>("module"));
   const auto original = keys(state_dict(model));
   auto wrapped = wrap(model, "", "DistributedDataParallel");
   EXPECT_EQ(unwrapped_keys(Subject::kReference, wrapped), original);
@@ -124,7 +124,7 @@ std::string replace_all(std::string key, const std::string& token) {
 // SEMANTICS.md hazard 4: `key.replace("_fsdp_wrapped_module.", "")` also hits a user child
 // whose name contains the token.
 TEST(KnownBug, SubstringRewritingManglesUserNames) {
-  auto model = std::make_shared<testing::ChainImpl>();
+  auto model = std::make_shared<test_support::ChainImpl>();
   model->register_module("my_fsdp_wrapped_module", torch::nn::Linear(2, 2));
   auto wrapped = wrap(model, "", "FullyShardedDataParallel");
   const auto tr = KeyTranslator::from_tree(wrapped);
@@ -152,8 +152,8 @@ TEST(KnownBug, BlindPrefixSlicingCorruptsKeys) {
 
 // pytorch/pytorch #101107; huggingface/pytorch-image-models #1566: keys collapsed or deleted.
 TEST(KnownBug, TranslationIsOneToOneWhereStrippingEveryModuleCollapsesKeys) {
-  auto model = std::make_shared<testing::ChainImpl>();
-  auto block = std::make_shared<testing::ChainImpl>();
+  auto model = std::make_shared<test_support::ChainImpl>();
+  auto block = std::make_shared<test_support::ChainImpl>();
   block->register_parameter("weight", torch::ones({2}));
   block->register_module("module", torch::nn::Linear(2, 2));  // a user child named `module`
   model->register_module("b", block);
@@ -198,9 +198,9 @@ TEST(KnownBug, GemmaTiedHeadStaysOneTensor) {
 // submodule is one node, reached by two paths, its tensors the same under both keys.
 TEST(KnownBug, SharedSubmoduleIsUnwrappedOnce) {
   auto shared = torch::nn::Linear(2, 2);
-  auto model = std::make_shared<testing::ChainImpl>();
-  auto left = std::make_shared<testing::ChainImpl>();
-  auto right = std::make_shared<testing::ChainImpl>();
+  auto model = std::make_shared<test_support::ChainImpl>();
+  auto left = std::make_shared<test_support::ChainImpl>();
+  auto right = std::make_shared<test_support::ChainImpl>();
   left->register_module("proj", shared);
   right->register_module("proj", shared);
   model->register_module("left", left);

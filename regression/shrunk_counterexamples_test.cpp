@@ -1,7 +1,7 @@
 // Counterexamples the property suite shrank from real bugs, kept as literal specs.
 
+#include <wrapcert/certify/properties.h>
 #include <wrapcert/gen/build.h>
-#include <wrapcert/properties.h>
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,8 @@
 
 #include "my_wrapper.h"
 
-#include <wrapcert/certify_gtest.h>
+#include <wrapcert/certify/certify_gtest.h>
+#include <wrapcert/fixtures/certification.h>
 
 #include <iostream>
 
@@ -12,6 +13,7 @@ wrapcert::certify::Options options() {
   wrapcert::certify::Options o;
   o.cases = 50;
   o.seed = 2026;
+  o.models = wrapcert::fixtures::certification_models();  // gemma, Mistral: layouts and numerics
   return o;
 }
 

@@ -1,15 +1,17 @@
 // wrapcert: the command-line tool. `wrapcert demo` shows the seed's bug and its fix.
 
-#include <wrapcert/bridge.h>
-#include <wrapcert/certify.h>
-#include <wrapcert/check_keys.h>
-#include <wrapcert/checkpoint_file.h>
+#include <wrapcert/certify/certify.h>
+#include <wrapcert/certify/hardware.h>
 #include <wrapcert/fixtures/causal_lm.h>
+#include <wrapcert/fixtures/certification.h>
 #include <wrapcert/fixtures/demo.h>
-#include <wrapcert/hardware.h>
+#include <wrapcert/io/check_keys.h>
+#include <wrapcert/io/checkpoint_file.h>
+#include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/io/safetensors.h>
 #include <wrapcert/plugin.h>
+#include <wrapcert/python/bridge.h>
 #include <wrapcert/python/certify_python.h>
-#include <wrapcert/safetensors.h>
 #include <wrapcert/wrapcert.h>
 
 #include <CLI/CLI.hpp>
@@ -316,7 +318,7 @@ int run_seed(const FixtureOptions& o) {
 
 struct CertifyOptions {
   std::vector<std::string> wrappers;
-  std::vector<std::string> fixtures = wrapcert::certify::Options{}.fixtures;
+  std::vector<std::string> fixtures = wrapcert::fixtures::default_certification_fixtures();
   std::string subject = "reference";
   int cases = 100;
   int max_size = 100;
@@ -381,7 +383,7 @@ int run_certify(const CertifyOptions& o) {
   }
   wrapcert::certify::Options options;
   options.kinds = o.wrappers;
-  options.fixtures = o.fixtures;
+  options.models = wrapcert::fixtures::certification_models(o.fixtures);
   options.subject = wrapcert::subject_from_string(o.subject);
   options.cases = o.cases;
   options.max_size = o.max_size;

@@ -1,10 +1,10 @@
 // Adversarial graphs: each gives a correct result or an Error naming the key path; never a
 // crash, a hang or a silently dropped key. Label `adversarial`; the figures for time and memory
 // at these sizes come from bench/wrapcert_bench (BM_MillionModuleTree, BM_DeepChain).
-#include <wrapcert/bridge.h>
-#include <wrapcert/properties.h>
-#include <wrapcert/testing/models.h>
-#include <wrapcert/testing/paths.h>
+#include <wrapcert/certify/properties.h>
+#include <wrapcert/python/bridge.h>
+#include <wrapcert/test_support/models.h>
+#include <wrapcert/test_support/paths.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -20,9 +20,9 @@
 namespace wrapcert {
 namespace {
 
+using test_support::keys_of;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::keys_of;
 
 /// Runs `f`, which must throw an Error with `code` at `path`; returns the message.
 template <typename F>
@@ -250,7 +250,7 @@ TEST(Adversarial, TwoKindsClaimingOneTypeOrOneKindTwiceLeaveTheRegistryAsItWas) 
 }
 
 nlohmann::json golden_dump(const std::string& name) {
-  std::ifstream in(testing::golden_dir() + "/torch_tree/" + name + ".json");
+  std::ifstream in(test_support::golden_dir() + "/torch_tree/" + name + ".json");
   std::stringstream text;
   text << in.rdbuf();
   return nlohmann::json::parse(text.str());

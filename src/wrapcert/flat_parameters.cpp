@@ -1,4 +1,5 @@
 #include <wrapcert/detail/marks.h>
+#include <wrapcert/detail/parameter_table.h>
 #include <wrapcert/error.h>
 #include <wrapcert/flat_parameters.h>
 #include <wrapcert/layer.h>

@@ -1,5 +1,5 @@
 #include <wrapcert/fixtures/demo.h>
-#include <wrapcert/testing/models.h>
+#include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -9,8 +9,8 @@
 namespace wrapcert {
 namespace {
 
-using testing::ChainImpl;
-using testing::UserModuleImpl;
+using test_support::ChainImpl;
+using test_support::UserModuleImpl;
 
 TEST(KeyTranslator, MapsTheSeedsKeyAndBack) {
   auto wrapped = auto_wrap(fixtures::make_demo_model(), {fixtures::kDemoNoSplitModule},

@@ -1,19 +1,24 @@
-#include <wrapcert/checkpoint.h>
 #include <wrapcert/detail/blame.h>
 #include <wrapcert/detail/builtin_modules.h>
 #include <wrapcert/detail/marks.h>
+#include <wrapcert/detail/parameter_table.h>
 #include <wrapcert/detail/python_names.h>
 #include <wrapcert/error.h>
 #include <wrapcert/layer.h>
 #include <wrapcert/registry.h>
 
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace wrapcert {
 namespace {
+
+constexpr const char* kCheckpointed = "checkpointed";
 
 struct ForwardTable {
   std::mutex mutex;
@@ -34,6 +39,60 @@ ForwardTable& table() {
   }();
   return *t;
 }
+
+/// `call` without the checkpointing check (what a checkpointed run calls inside).
+torch::Tensor call_direct(torch::nn::Module& module, const torch::Tensor& input);
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// The module's parameters are inputs of the function, so that its output requires grad when
+/// they do (even if the input does not) and backward returns their gradients.
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
+                               torch::nn::Module* module, at::TensorList params) {
+    ctx->saved_data["module"] = reinterpret_cast<int64_t>(module);
+    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    variable_list saved{input};
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    torch::NoGradGuard no_grad;
+    return call_direct(*module, input);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    // saved_data holds IValues, which have no raw pointer: the module's address is an int.
+    auto* module = reinterpret_cast<torch::nn::Module*>(  // NOLINT(performance-no-int-to-ptr)
+        ctx->saved_data["module"].toInt());
+    auto input = saved[0].detach().requires_grad_(saved[0].requires_grad());
+    torch::Tensor output;
+    {
+      torch::AutoGradMode enable(true);
+      output = call_direct(*module, input);
+    }
+    // Differentiate with respect to whatever requires grad; the rest gets no gradient.
+    variable_list wrt;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      const auto& t = i == 0 ? input : saved[i];
+      if (t.requires_grad()) {
+        wrt.push_back(t);
+        where.push_back(i);
+      }
+    }
+    variable_list grads(saved.size() + 1);  // input, module (not a tensor), params...
+    if (!wrt.empty() && output.requires_grad()) {
+      auto computed = torch::autograd::grad({output}, wrt, {grad_outputs[0]},
+                                            /*retain_graph=*/false, /*create_graph=*/false,
+                                            /*allow_unused=*/true);
+      for (size_t k = 0; k < where.size(); ++k) {
+        grads[where[k] == 0 ? 0 : where[k] + 1] = computed[k];
+      }
+    }
+    return grads;
+  }
+};
 
 }  // namespace
 
@@ -60,7 +119,7 @@ torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& in
   auto child = find_child(*this, name);
   if (!child) {
     throw Error(ErrorCode::kUnknownPath, name,
-                "Submodule '" + name + "' is not defined in " + detail::python_type_name(*this));
+                "Submodule '" + name + "' is not defined in " + python_type_name(*this));
   }
   return call(*child, input);
 }
@@ -68,16 +127,18 @@ torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& in
 torch::Tensor call(torch::nn::Module& module, const torch::Tensor& input) {
   try {
     if (is_checkpointed(module)) return checkpointed_call(module, input);
-    return detail::call_direct(module, input);
+    return call_direct(module, input);
   } catch (...) {
     const auto* kind = Registry::global().find(module);
     detail::note_blame(kind ? "the wrapper " + kind->name
-                            : "the model's " + detail::python_type_name(module));
+                            : "the model's " + python_type_name(module));
     throw;
   }
 }
 
-torch::Tensor detail::call_direct(torch::nn::Module& module, const torch::Tensor& input) {
+namespace {
+
+torch::Tensor call_direct(torch::nn::Module& module, const torch::Tensor& input) {
   if (auto* layer = dynamic_cast<Layer*>(&module)) return layer->forward(input);
   ForwardFn fn;
   {
@@ -94,46 +155,50 @@ torch::Tensor detail::call_direct(torch::nn::Module& module, const torch::Tensor
   return fn(module, input);
 }
 
+}  // namespace
+
 void register_forward(std::type_index type, ForwardFn fn) {
   auto& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
   t.fns[type] = std::move(fn);
 }
 
-}  // namespace wrapcert
-
-namespace wrapcert {
-namespace {
-/// `parameters_` is protected in `torch::nn::Module`; a derived class may name it.
-struct ParameterAccess : torch::nn::Module {
-  static torch::OrderedDict<std::string, torch::Tensor>& of(torch::nn::Module& m) {
-    return m.*(&ParameterAccess::parameters_);
+torch::Tensor checkpointed_call(torch::nn::Module& module, const torch::Tensor& input) {
+  // Each tensor once: LibTorch lists a shared submodule's (or a tied) parameter under every
+  // path, and a tensor passed twice would get its gradient twice.
+  std::vector<torch::Tensor> params;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
   }
-};
-}  // namespace
+  return CheckpointFunction::apply(input, &module, at::TensorList(params));
+}
+
+void checkpoint_in_place(const ModulePtr& module) {
+  detail::add_mark(module, kCheckpointed);
+}
+
+bool is_checkpointed(const torch::nn::Module& module) {
+  return detail::has_mark(module, kCheckpointed);
+}
+
+std::string python_type_name(const torch::nn::Module& module) {
+  if (const auto* layer = dynamic_cast<const Layer*>(&module)) return layer->python_name();
+  return detail::short_type_name(module);
+}
+
+std::string python_extra_repr(const torch::nn::Module& module) {
+  if (const auto* layer = dynamic_cast<const Layer*>(&module)) return layer->extra_repr();
+  return detail::builtin_extra_repr(module);
+}
 
 void tie_parameter(torch::nn::Module& owner, const std::string& name, const torch::Tensor& tensor) {
-  auto& params = ParameterAccess::of(owner);
-  auto* slot = params.find(name);
+  auto* slot = detail::find_parameter(owner, name);
   if (!slot) {
     throw Error(ErrorCode::kUnknownKey, name,
-                detail::python_type_name(owner) + " has no parameter named '" + name + "'");
+                python_type_name(owner) + " has no parameter named '" + name + "'");
   }
   *slot = tensor;
-}
-
-void detail::erase_parameter(torch::nn::Module& owner, const std::string& name) {
-  ParameterAccess::of(owner).erase(name);
-}
-
-void detail::insert_parameter(torch::nn::Module& owner, const std::string& name,
-                              const torch::Tensor& tensor) {
-  auto& params = ParameterAccess::of(owner);
-  if (auto* slot = params.find(name)) {
-    *slot = tensor;
-  } else {
-    params.insert(name, tensor);
-  }
 }
 
 }  // namespace wrapcert

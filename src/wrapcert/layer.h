@@ -12,6 +12,8 @@
 /// but not what `forward` runs. A `Layer` looks its children up in the registry at call time,
 /// so a wrapper put into the registry is on the forward path, and so is its removal.
 
+#include <wrapcert/registry.h>
+
 #include <torch/nn/module.h>
 
 #include <functional>
@@ -48,10 +50,19 @@ class Layer : public torch::nn::Module {
 /// `checkpoint_in_place` runs checkpointed.
 torch::Tensor call(torch::nn::Module& module, const torch::Tensor& input);
 
-namespace detail {
-/// `call` without the checkpointing check (what a checkpointed run calls inside).
-torch::Tensor call_direct(torch::nn::Module& module, const torch::Tensor& input);
-}  // namespace detail
+/// Activation checkpointing. Runs `module` on `input` under no-grad and returns an output whose
+/// backward re-runs the module with grad enabled and differentiates it, for the input and every
+/// parameter of the module. `module` must outlive the backward pass. Randomness in the module
+/// (dropout) is not replayed: checkpoint only deterministic modules. Gradients equal an ordinary
+/// run's bit for bit (CPU, same kernels).
+///
+///   wrapcert::checkpoint_in_place(layer);        // torch_xla's checkpoint_module: no new level
+///   auto y = wrapcert::call(*layer, x);           // now runs checkpointed
+torch::Tensor checkpointed_call(torch::nn::Module& module, const torch::Tensor& input);
+/// Marks `module` so that `call` runs it checkpointed: what torch_xla's `checkpoint_module` does
+/// by patching `forward`, adding no module level and no key.
+void checkpoint_in_place(const ModulePtr& module);
+bool is_checkpointed(const torch::nn::Module& module);
 
 using ForwardFn = std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&)>;
 
@@ -75,12 +86,10 @@ namespace wrapcert {
 /// Throws `Error` (kUnknownKey) if `owner` has no parameter `name`.
 void tie_parameter(torch::nn::Module& owner, const std::string& name, const torch::Tensor& tensor);
 
-namespace detail {
-/// Removes a registered parameter (no-op if absent): what flattening wrappers need.
-void erase_parameter(torch::nn::Module& owner, const std::string& name);
-/// Registers `tensor` as parameter `name`, replacing one of that name, else appending.
-void insert_parameter(torch::nn::Module& owner, const std::string& name,
-                      const torch::Tensor& tensor);
-}  // namespace detail
+/// The class name PyTorch would print for `module`: a `Layer`'s `python_name()`, `Linear` for
+/// `torch::nn::LinearImpl`, else the C++ type name without namespaces and `Impl` suffix.
+std::string python_type_name(const torch::nn::Module& module);
+/// PyTorch's `extra_repr()` for a `Layer` or a LibTorch built-in; empty otherwise.
+std::string python_extra_repr(const torch::nn::Module& module);
 
 }  // namespace wrapcert

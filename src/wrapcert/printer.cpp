@@ -1,4 +1,5 @@
 #include <wrapcert/detail/python_names.h>
+#include <wrapcert/layer.h>
 #include <wrapcert/printer.h>
 
 #include <algorithm>
@@ -26,13 +27,13 @@ std::string add_indent(const std::string& text, size_t spaces) {
 std::string python_repr(const torch::nn::Module& module,
                         const std::vector<std::pair<std::string, const std::string*>>& children,
                         bool compress) {
-  const std::string extra = detail::python_extra_repr(module);
+  const std::string extra = python_extra_repr(module);
   std::vector<std::string> extra_lines;
   if (!extra.empty()) {
     std::istringstream lines(extra);
     for (std::string line; std::getline(lines, line);) extra_lines.push_back(line);
   }
-  const std::string type = detail::python_type_name(module);
+  const std::string type = python_type_name(module);
   std::vector<std::string> child_lines;
   if (compress && type == "ModuleList") {
     for (size_t start = 0; start < children.size();) {

@@ -121,11 +121,11 @@ TEST(PythonFloatRepr, FollowsPythonsRules) {
 }
 
 TEST(PythonTypeName, StripsNamespacesAndImpl) {
-  EXPECT_EQ(detail::python_type_name(*fixtures::make_demo_model()), "DemoForCausalLM");
-  EXPECT_EQ(detail::python_type_name(*nn::Linear(1, 1)), "Linear");
-  EXPECT_EQ(detail::python_type_name(
-                *std::make_shared<FullyShardedDataParallelImpl>(nn::Linear(1, 1).ptr())),
-            "FullyShardedDataParallel");
+  EXPECT_EQ(python_type_name(*fixtures::make_demo_model()), "DemoForCausalLM");
+  EXPECT_EQ(python_type_name(*nn::Linear(1, 1)), "Linear");
+  EXPECT_EQ(
+      python_type_name(*std::make_shared<FullyShardedDataParallelImpl>(nn::Linear(1, 1).ptr())),
+      "FullyShardedDataParallel");
 }
 
 }  // namespace

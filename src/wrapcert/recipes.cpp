@@ -1,4 +1,4 @@
-#include <wrapcert/checkpoint.h>
+#include <wrapcert/layer.h>
 #include <wrapcert/recipes.h>
 #include <wrapcert/wrap.h>
 

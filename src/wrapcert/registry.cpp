@@ -1,6 +1,5 @@
 #include <wrapcert/error.h>
 #include <wrapcert/registry.h>
-#include <wrapcert/wrappers.h>
 
 #include <algorithm>
 
@@ -53,17 +52,6 @@ WrapperKind KindRef::descriptor() const {
     copy.numerics = mode->numerics;
   }
   return copy;
-}
-
-Registry& Registry::global() {
-  static Registry registry = with_builtins();
-  return registry;
-}
-
-Registry Registry::with_builtins() {
-  Registry registry;
-  register_builtin_wrappers(registry);
-  return registry;
 }
 
 void Registry::add(WrapperKind kind) {

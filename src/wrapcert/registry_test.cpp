@@ -1,4 +1,4 @@
-#include <wrapcert/testing/models.h>
+#include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -28,7 +28,7 @@ TEST(Registry, HoldsTheBuiltInKindsWithTheirRealSlots) {
 
 TEST(Registry, RecognisesByTypeNotByChildName) {
   const auto& r = Registry::global();
-  auto user = std::make_shared<testing::UserModuleImpl>("module");
+  auto user = std::make_shared<test_support::UserModuleImpl>("module");
   EXPECT_EQ(r.find(*user), nullptr);
   auto dp = std::make_shared<DataParallelImpl>(user);
   ASSERT_NE(r.find(*dp), nullptr);
@@ -51,7 +51,7 @@ TEST(Registry, RejectsAKindRegisteredTwiceByNameOrType) {
 TEST(Registry, UnwrapsAUserRegisteredKindOnlyWhereItIsRegistered) {
   Registry r = Registry::with_builtins();
   r.add(wrapper_kind<ShardedImpl>("Sharded", "_sharded_module"));
-  auto root = std::make_shared<testing::ChainImpl>();
+  auto root = std::make_shared<test_support::ChainImpl>();
   root->register_module("fc", torch::nn::Linear(2, 2));
   auto wrapped = wrap(root, "fc", "Sharded", r);
   EXPECT_THAT(keys(unwrap_reference(wrapped, r).state_dict()),

@@ -1,5 +1,5 @@
 #include <wrapcert/fixtures/demo.h>
-#include <wrapcert/testing/models.h>
+#include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -11,12 +11,12 @@ namespace {
 
 using fixtures::DemoConfig;
 using fixtures::make_demo_model;
-using testing::ChainImpl;
+using test_support::ChainImpl;
+using test_support::keys_of;
+using test_support::same_tensors;
+using test_support::UserModuleImpl;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::keys_of;
-using testing::same_tensors;
-using testing::UserModuleImpl;
 
 constexpr const char* kFsdp2 = "SpmdFullyShardedDataParallel";
 

@@ -1,8 +1,8 @@
 #include <wrapcert/detail/marks.h>
 #include <wrapcert/detail/path.h>
-#include <wrapcert/detail/python_names.h>
 #include <wrapcert/detail/wrapper_state.h>
 #include <wrapcert/error.h>
+#include <wrapcert/layer.h>
 #include <wrapcert/view.h>
 
 #include <torch/nn/cloneable.h>
@@ -52,8 +52,8 @@ const ChildTable& child_table(const torch::nn::Module& module) {
   return torch::nn::Cloneable<detail::ChildTableKey>::children(module);
 }
 
-std::string non_persistent_mark(const std::string& buffer) {
-  return "non-persistent:" + buffer;
+bool persistent(const torch::nn::Module& module, const std::string& buffer) {
+  return !detail::has_mark(module, detail::non_persistent_mark(buffer));
 }
 
 }  // namespace
@@ -100,7 +100,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   auto cycle = [&](const torch::nn::Module& module, size_t depth, const Edge* edge) {
     const auto ancestor = path_of(std::min(depth + 1, stack.size()), nullptr);
     return Error(ErrorCode::kCycle, path_of(stack.size(), edge),
-                 detail::python_type_name(module) + " is its own ancestor (already at '" +
+                 python_type_name(module) + " is its own ancestor (already at '" +
                      (ancestor.empty() ? "<root>" : ancestor) + "')");
   };
   // Follows wrappers from `module` along `edge` (null for the root), extending its `via`.
@@ -237,7 +237,7 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
       for (const auto& [name, tensor] : detail::held_parameters(module)) emit(name, tensor);
     }
     for (const auto& b : Tables::buffers(module)) {
-      if (b.value().defined() && is_persistent(module, b.key())) emit(b.key(), b.value());
+      if (b.value().defined() && persistent(module, b.key())) emit(b.key(), b.value());
     }
     for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
       std::string below = item.wrapped_prefix + it->name + ".";
@@ -293,65 +293,6 @@ std::vector<std::string> ModuleView::module_paths() const {
     paths.push_back(std::move(path));
   }
   return paths;
-}
-
-StateDict state_dict(const ModulePtr& root) {
-  return ModuleView::of(root).state_dict();
-}
-
-void release_tree(ModulePtr root) {
-  // Hold every module of the tree, parents before children; releasing them in that order means
-  // a parent's destructor never drops the last reference to a child.
-  std::vector<ModulePtr> order;
-  std::unordered_map<const torch::nn::Module*, bool> seen;
-  order.push_back(std::move(root));
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (!order[i]) continue;
-    for (const auto& child : order[i]->named_children()) {
-      if (seen.emplace(child.value().get(), true).second) order.push_back(child.value());
-    }
-  }
-  for (auto& module : order) module.reset();
-}
-
-std::vector<std::string> keys(const StateDict& state) {
-  return state.keys();
-}
-
-void load_state_dict(const ModulePtr& root, const StateDict& state) {
-  const auto target = state_dict(root);
-  for (const auto& item : state) {
-    if (!target.contains(item.key())) {
-      throw Error(ErrorCode::kUnknownKey, item.key(),
-                  "unexpected key in the state dict (the model has no such key)");
-    }
-  }
-  for (const auto& item : target) {
-    const auto* source = state.find(item.key());
-    if (!source) throw Error(ErrorCode::kUnknownKey, item.key(), "missing key in the state dict");
-    if (source->sizes() != item.value().sizes() ||
-        source->scalar_type() != item.value().scalar_type()) {
-      throw Error(ErrorCode::kInvalidArgument, item.key(),
-                  "shape or dtype mismatch: the state dict has " +
-                      c10::str(source->sizes(), " ", source->scalar_type()) + ", the model " +
-                      c10::str(item.value().sizes(), " ", item.value().scalar_type()));
-    }
-  }
-  torch::NoGradGuard no_grad;
-  for (const auto& item : target) item.value().copy_(state[item.key()]);
-}
-
-void mark_non_persistent(const ModulePtr& module, const std::string& buffer) {
-  if (!module) throw Error(ErrorCode::kInvalidArgument, buffer, "null module");
-  if (module->named_buffers(/*recurse=*/false).find(buffer) == nullptr) {
-    throw Error(ErrorCode::kUnknownKey, buffer,
-                detail::python_type_name(*module) + " has no buffer named '" + buffer + "'");
-  }
-  detail::add_mark(module, non_persistent_mark(buffer));
-}
-
-bool is_persistent(const torch::nn::Module& module, const std::string& buffer) {
-  return !detail::has_mark(module, non_persistent_mark(buffer));
 }
 
 }  // namespace wrapcert

@@ -1,5 +1,7 @@
 #pragma once
 /// A read-only view of a module tree, optionally seeing through wrappers, and its state dict.
+/// Functions on a tree's state dict as it is (`state_dict`, `load_state_dict`, `keys`) are in
+/// state_dict.h.
 ///
 ///   auto view = wrapcert::ModuleView::of(model);            // the tree as it is
 ///   auto sd = view.state_dict();                             // PyTorch's key order
@@ -79,29 +81,5 @@ class ModuleView {
   std::vector<std::string> root_via_;
   bool show_held_ = false;  // a view through wrappers shows what flattening wrappers hold
 };
-
-/// The state dict of a module tree as it is (wrappers included).
-StateDict state_dict(const ModulePtr& root);
-/// Loads `state` into the state dict of `root` as it is, strictly: every key present on both
-/// sides with the same shape and dtype, values copied in place. Throws `Error` naming the first
-/// offending key: kUnknownKey for an unexpected or missing key, kInvalidArgument for a shape or
-/// dtype mismatch. Nothing is copied unless everything matches.
-void load_state_dict(const ModulePtr& root, const StateDict& state);
-
-/// The keys of a state dict, in order.
-std::vector<std::string> keys(const StateDict& state);
-
-/// Drops `root` (the caller's last reference) without the recursion of LibTorch's destructors,
-/// which take one stack frame chain per level and overflow somewhere past 10^4 levels. Shared
-/// modules still referenced elsewhere survive; nothing in the tree is modified.
-///
-///   wrapcert::release_tree(std::move(hundred_thousand_deep_chain));
-void release_tree(ModulePtr root);
-
-/// Marks a registered buffer of `module` as non-persistent (PyTorch's
-/// `register_buffer(..., persistent=False)`): it stays in `named_buffers()` but leaves every
-/// wrapcert state dict. Throws `Error` (kUnknownKey) if `module` has no such buffer.
-void mark_non_persistent(const ModulePtr& module, const std::string& buffer);
-bool is_persistent(const torch::nn::Module& module, const std::string& buffer);
 
 }  // namespace wrapcert

@@ -1,4 +1,4 @@
-#include <wrapcert/testing/models.h>
+#include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -8,7 +8,7 @@
 namespace wrapcert {
 namespace {
 
-using testing::ChainImpl;
+using test_support::ChainImpl;
 using ::testing::ElementsAre;
 
 /// A module with a parameter, a buffer and a child, in that registration order.
@@ -56,7 +56,7 @@ TEST(ModuleView, ListsEveryPathOfASharedModule) {
 TEST(ModuleView, ReportsWhatIsStillWrapped) {
   auto root = std::make_shared<ChainImpl>();
   root->register_module("fc", torch::nn::Linear(1, 1));
-  root->register_module("norm", std::make_shared<testing::UserModuleImpl>("module", 1));
+  root->register_module("norm", std::make_shared<test_support::UserModuleImpl>("module", 1));
   auto wrapped = wrap(root, "fc", "DataParallel");
   EXPECT_THAT(keys(wrapped_state(ModuleView::of(wrapped))),
               ElementsAre("fc.module.weight", "fc.module.bias"));

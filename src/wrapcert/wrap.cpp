@@ -68,9 +68,8 @@ ModulePtr module_at(const ModulePtr& root, std::string_view path) {
     walked = join_path(walked, name);
     auto child = find_child(*current, name);
     if (!child) {
-      throw Error(
-          ErrorCode::kUnknownPath, walked,
-          "Submodule '" + name + "' is not defined in " + detail::python_type_name(*current));
+      throw Error(ErrorCode::kUnknownPath, walked,
+                  "Submodule '" + name + "' is not defined in " + python_type_name(*current));
     }
     current = std::move(child);
     start = dot + 1;
@@ -83,7 +82,7 @@ void replace_child(torch::nn::Module& parent, const std::string& name, ModulePtr
   if (current == child) return;  // like Python's setattr with the same object
   if (!current) {
     throw Error(ErrorCode::kUnknownPath, name,
-                "Submodule '" + name + "' is not defined in " + detail::python_type_name(parent));
+                "Submodule '" + name + "' is not defined in " + python_type_name(parent));
   }
   if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&parent)) {
     *(list->begin() + static_cast<std::ptrdiff_t>(list_index(parent, name))) = child;
@@ -123,7 +122,7 @@ ModulePtr auto_wrap(const ModulePtr& root, const std::vector<std::string>& type_
   auto view = ModuleView::of(root);  // rejects cycles; one entry per path
   for (const auto& path : view.module_paths()) {
     if (path.empty()) continue;
-    const auto name = detail::python_type_name(*module_at(root, path));
+    const auto name = python_type_name(*module_at(root, path));
     if (wanted.count(name)) {
       seen.insert(name);
       targets.push_back(path);

@@ -1,5 +1,5 @@
 #include <wrapcert/fixtures/demo.h>
-#include <wrapcert/testing/models.h>
+#include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>

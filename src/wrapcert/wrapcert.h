@@ -5,15 +5,17 @@
 ///   auto view = wrapcert::unwrap_reference(wrapped_model);
 ///   std::cout << view;
 
-#include <wrapcert/atomic_file.h>
-#include <wrapcert/checkpoint.h>
 #include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
+#include <wrapcert/flat_parameters.h>
 #include <wrapcert/keys.h>
 #include <wrapcert/layer.h>
+#include <wrapcert/plugin.h>
 #include <wrapcert/printer.h>
 #include <wrapcert/recipes.h>
 #include <wrapcert/registry.h>
+#include <wrapcert/release_tree.h>
+#include <wrapcert/state_dict.h>
 #include <wrapcert/unwrap.h>
 #include <wrapcert/view.h>
 #include <wrapcert/wrap.h>

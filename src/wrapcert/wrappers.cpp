@@ -1,7 +1,6 @@
-#include <wrapcert/checkpoint.h>
 #include <wrapcert/detail/marks.h>
-#include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
+#include <wrapcert/layer.h>
 #include <wrapcert/wrappers.h>
 
 namespace wrapcert {
@@ -84,59 +83,6 @@ ModulePtr FullyShardedDataParallelImpl::module() const {
     return checkpoint->inner();
   }
   return wrapped;
-}
-
-namespace {
-template <typename Tag>
-WrapperKind pass_through_kind() {
-  return wrapper_kind<detail::PassThroughWrapperImpl<Tag>>(Tag::kName, Tag::kSlot);
-}
-}  // namespace
-
-void register_builtin_wrappers(Registry& registry) {
-  registry.add(pass_through_kind<detail::DataParallelTag>());
-  registry.add(distributed_data_parallel_kind());
-  auto fsdp = wrapper_kind<FullyShardedDataParallelImpl>("FullyShardedDataParallel",
-                                                         "_fsdp_wrapped_module");
-  fsdp.aliases = {"module"};           // FullyShardedDataParallel.module property
-  fsdp.forwards_attributes = true;     // and __getattr__ falls through to the wrapped module
-  fsdp.owned_state = {"_flat_param"};  // in flat mode
-  fsdp.release = [](torch::nn::Module& wrapper) {
-    return dynamic_cast<FullyShardedDataParallelImpl&>(wrapper).release();
-  };
-  // `use_orig_params=False`: one flat parameter per wrapper, the originals back on release.
-  FsdpOptions flat;
-  flat.flat_parameters = true;
-  fsdp.modes.push_back(WrapperMode{"flat",
-                                   [flat](ModulePtr inner) -> ModulePtr {
-                                     return std::make_shared<FullyShardedDataParallelImpl>(
-                                         std::move(inner), flat);
-                                   },
-                                   Numerics::kNeedsRelease});
-  registry.add(std::move(fsdp));
-  auto fsdp_v2 = wrapper_kind<SpmdFullyShardedDataParallelImpl>("SpmdFullyShardedDataParallel",
-                                                                "_orig_module");
-  fsdp_v2.aliases = {"module"};  // torch_xla: `module` is a property aliasing `_orig_module`
-  fsdp_v2.forwards_attributes = true;
-  registry.add(std::move(fsdp_v2));
-  auto compiled = pass_through_kind<detail::OptimizedModuleTag>();
-  compiled.forwards_attributes = true;  // OptimizedModule.__getattr__ falls through to _orig_mod
-  registry.add(std::move(compiled));
-  auto checkpoint =
-      wrapper_kind<CheckpointWrapperImpl>("CheckpointWrapper", "_checkpoint_wrapped_module");
-  checkpoint.forwards_attributes = true;    // ActivationWrapper.__getattr__ does the same
-  checkpoint.state_dict_hides_slot = true;  // its _post_state_dict_hook strips the prefix
-  // Recomputation sums an input's gradient contributions in another order when the input is
-  // also used outside the checkpointed module (a + (b + c) for (a + b) + c).
-  checkpoint.numerics = Numerics::kTolerance;
-  checkpoint.tolerance = 1e-10;
-  registry.add(std::move(checkpoint));
-  auto deepspeed = pass_through_kind<detail::DeepSpeedEngineTag>();
-  deepspeed.forwards_attributes = true;  // DeepSpeedEngine.__getattr__ looks in self.module
-  registry.add(std::move(deepspeed));
-  auto fp32 = wrapper_kind<Fp32OutputWrapperImpl>("Fp32OutputWrapper", "module");
-  fp32.numerics = Numerics::kChangesOutput;
-  registry.add(std::move(fp32));
 }
 
 }  // namespace wrapcert

@@ -139,7 +139,4 @@ class FullyShardedDataParallelImpl final : public WrapperImpl {
   FlatParameters flat_;
 };
 
-/// Adds the built-in kinds to `registry`.
-void register_builtin_wrappers(Registry& registry);
-
 }  // namespace wrapcert

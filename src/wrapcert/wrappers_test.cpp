@@ -1,8 +1,8 @@
-#include <wrapcert/detail/python_names.h>
 #include <wrapcert/fixtures/causal_lm.h>
-#include <wrapcert/testing/ddp_batch.h>
-#include <wrapcert/testing/models.h>
-#include <wrapcert/testing/paths.h>
+#include <wrapcert/layer.h>
+#include <wrapcert/test_support/ddp_batch.h>
+#include <wrapcert/test_support/models.h>
+#include <wrapcert/test_support/paths.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -65,7 +65,7 @@ TEST(WrapperZoo, EveryKindPutsItsRealSlotIntoKeys) {
   for (const auto& [kind, prefix] : expected) {
     auto wrapped = wrap(tiny(tiny_gemma()), "", kind);
     EXPECT_EQ(keys(state_dict(wrapped)).front(), prefix + "model.embed_tokens.weight") << kind;
-    EXPECT_EQ(detail::python_type_name(*wrapped), kind);
+    EXPECT_EQ(python_type_name(*wrapped), kind);
   }
 }
 
@@ -90,7 +90,7 @@ TEST(WrapperZoo, PassThroughKindsGiveBitwiseEqualGradients) {
 }
 
 /// Counts how often it runs: shows recomputation.
-struct CountingImpl : testing::ChainImpl {
+struct CountingImpl : test_support::ChainImpl {
   int runs = 0;
   torch::Tensor forward(const torch::Tensor& x) override {
     ++runs;
@@ -302,7 +302,7 @@ std::vector<std::vector<torch::Tensor>> run_ranks(int world) {
   const std::string store = (dir / "store").string();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> args = {testing::ddp_worker(), store, std::to_string(rank),
+    std::vector<std::string> args = {test_support::ddp_worker(), store, std::to_string(rank),
                                      std::to_string(world),
                                      (dir / ("grads" + std::to_string(rank) + ".pt")).string()};
     std::vector<char*> argv;
@@ -345,9 +345,9 @@ TEST_P(DistributedDataParallelRanks, OnLoopbackAverageGradientsEquallyOnEveryRan
 
   // The single-process gradient of the loss averaged over every rank's batch.
   auto model = make_causal_lm(tiny_mistral(), {c10::kCPU, c10::kDouble, /*seed=*/11});
-  auto loss = testing::ddp_loss(call(*model, testing::ddp_batch(0)));
+  auto loss = test_support::ddp_loss(call(*model, test_support::ddp_batch(0)));
   for (int rank = 1; rank < world; ++rank) {
-    loss = loss + testing::ddp_loss(call(*model, testing::ddp_batch(rank)));
+    loss = loss + test_support::ddp_loss(call(*model, test_support::ddp_batch(rank)));
   }
   (loss / world).backward();
   const auto params = model->parameters();

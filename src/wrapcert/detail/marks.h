@@ -20,6 +20,10 @@ void add_mark(const std::shared_ptr<torch::nn::Module>& module, std::string mark
 void remove_mark(const torch::nn::Module& module, std::string_view mark);
 /// Cheap when no module carries any mark.
 bool has_mark(const torch::nn::Module& module, std::string_view mark);
+/// The mark of a non-persistent buffer (`wrapcert::mark_non_persistent`).
+inline std::string non_persistent_mark(const std::string& buffer) {
+  return "non-persistent:" + buffer;
+}
 
 /// Parameters a flattening wrapper took out of `owner`'s registry, in registration order: what
 /// the module holds once the wrapper releases it. Views that see through wrappers show them.

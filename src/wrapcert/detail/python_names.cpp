@@ -1,5 +1,4 @@
 #include <wrapcert/detail/python_names.h>
-#include <wrapcert/layer.h>
 
 #include <c10/util/Type.h>
 #include <torch/nn/modules/activation.h>
@@ -44,15 +43,9 @@ std::string short_type_name(const torch::nn::Module& module) {
   return name;
 }
 
-std::string python_type_name(const torch::nn::Module& module) {
-  if (const auto* layer = dynamic_cast<const Layer*>(&module)) return layer->python_name();
-  return short_type_name(module);
-}
-
-std::string python_extra_repr(const torch::nn::Module& module) {
+std::string builtin_extra_repr(const torch::nn::Module& module) {
   using namespace torch::nn;  // NOLINT(google-build-using-namespace): local to this lookup
   std::ostringstream out;
-  if (const auto* layer = dynamic_cast<const Layer*>(&module)) return layer->extra_repr();
   if (const auto* m = dynamic_cast<const LinearImpl*>(&module)) {
     out << "in_features=" << m->options.in_features()
         << ", out_features=" << m->options.out_features()

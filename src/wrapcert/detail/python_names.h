@@ -1,8 +1,8 @@
 #pragma once
 /// How PyTorch (Python) names things: class names, `extra_repr`, float repr, dtypes.
 ///
-///   python_type_name(*torch::nn::Linear(4, 4))   // "Linear"
-///   python_extra_repr(*torch::nn::Linear(4, 4))  // "in_features=4, out_features=4, bias=True"
+///   short_type_name(*torch::nn::Linear(4, 4))     // "Linear"
+///   builtin_extra_repr(*torch::nn::Linear(4, 4))  // "in_features=4, out_features=4, bias=True"
 
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
@@ -11,12 +11,11 @@
 
 namespace wrapcert::detail {
 
-/// `GemmaDecoderLayer` for `wrapcert::fixtures::GemmaDecoderLayerImpl`, `Linear` for
-/// `torch::nn::LinearImpl`; a `Layer`'s own `python_name()` wins.
-std::string python_type_name(const torch::nn::Module& module);
-/// PyTorch's `extra_repr()` for LibTorch built-ins and `Layer`s; empty otherwise.
-std::string python_extra_repr(const torch::nn::Module& module);
-/// The C++ type name without namespaces and without an `Impl` suffix.
+/// PyTorch's `extra_repr()` for LibTorch built-ins (`in_features=4, ...`); empty otherwise.
+/// `wrapcert::python_extra_repr` (layer.h) adds `Layer`s.
+std::string builtin_extra_repr(const torch::nn::Module& module);
+/// The C++ type name without namespaces and without an `Impl` suffix: `Linear` for
+/// `torch::nn::LinearImpl`, `GemmaDecoderLayer` for `fixtures::GemmaDecoderLayerImpl`.
 std::string short_type_name(const torch::nn::Module& module);
 /// Python's `repr(float)`: shortest round-trip digits, `1e-05`, `0.0001`, `1.0`.
 std::string python_float_repr(double value);

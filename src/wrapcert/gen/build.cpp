@@ -2,6 +2,7 @@
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/layer.h>
+#include <wrapcert/state_dict.h>
 #include <wrapcert/wrap.h>
 
 #include <torch/nn/modules/container/moduledict.h>

@@ -2,6 +2,7 @@
 #include <wrapcert/gen/build.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/printer.h>
+#include <wrapcert/state_dict.h>
 
 #include <rapidcheck.h>
 

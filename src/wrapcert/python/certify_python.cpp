@@ -1,12 +1,13 @@
-#include <wrapcert/atomic_file.h>
-#include <wrapcert/bridge.h>
-#include <wrapcert/detail/quiet_check.h>
+#include <wrapcert/certify/detail/quiet_check.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/gen/generators.h>
+#include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/python/bridge.h>
 #include <wrapcert/python/certify_python.h>
-#include <wrapcert/python/worker.h>
+#include <wrapcert/python/detail/worker.h>
+#include <wrapcert/state_dict.h>
 
 #include <rapidcheck.h>
 
@@ -832,7 +833,6 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
   }
   certify::Report report;
   report.options.kinds = options.wrappers;
-  report.options.fixtures = {};
   report.options.cases = options.cases;
   report.options.max_size = options.max_size;
   report.options.seed = options.seed ? options.seed : std::random_device{}();
@@ -991,9 +991,14 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     stats->worker_starts = runner.worker().starts();
     stats->torch_version = runner.torch_version();
   }
-  report.options.fixtures = options.fixtures
-                                ? std::vector<std::string>{"tiny-gemma", "tiny-mistral"}
-                                : std::vector<std::string>{};
+  if (options.fixtures) {  // what the report names; the models were built by the worker
+    for (const char* name : {"tiny-gemma", "tiny-mistral"}) {
+      certify::Model model;
+      model.name = name;
+      model.numerics = true;
+      report.options.models.push_back(std::move(model));
+    }
+  }
   return report;
 }
 

@@ -10,7 +10,7 @@
 ///   const auto report = wrapcert::python::certify_python(options);
 ///   std::cout << wrapcert::certify::to_markdown(report);
 
-#include <wrapcert/certify.h>
+#include <wrapcert/certify/certify.h>
 
 #include <map>
 #include <string>

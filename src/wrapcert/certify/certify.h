@@ -1,0 +1,113 @@
+#pragma once
+/// Certification of wrapper kinds against P1-P16, for authors of new wrappers.
+///
+///   auto report = wrapcert::certify::certify(
+///       wrapcert::wrapper_kind<MyShardImpl>("MyShard", "_sharded"));
+///   std::cout << wrapcert::certify::to_markdown(report);
+///   return report.passed() ? 0 : 1;
+///
+/// A failed check is an entry in the report (with its shrunk counterexample), never an
+/// exception; misuse (an unknown kind, a bad option) is an `Error`. Whole models (the built-in
+/// fixtures: `wrapcert::fixtures::certification_models()`) are certified when `Options::models`
+/// lists them; without, the generated trees alone.
+
+#include <wrapcert/certify/properties.h>
+#include <wrapcert/registry.h>
+#include <wrapcert/unwrap.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace wrapcert::certify {
+
+/// A whole model to certify the kinds on: every module whose class is in `wrap_classes` is
+/// wrapped in the kind, then the root, and the subject must give the model back.
+struct Model {
+  std::string name;  ///< what reports call it (`gemma-2b`)
+  /// A fresh model on `device` in `dtype`: the same values on every call.
+  std::function<ModulePtr(c10::Device device, c10::ScalarType dtype)> build;
+  /// The classes wrapped one by one (a model's `_no_split_modules`), by their Python name.
+  std::vector<std::string> wrap_classes;
+  /// true: P4, forward and backward in double on the CPU (a tiny model). false: P1-P3 on the
+  /// meta device in `dtype` (a full-size layout, no weight memory).
+  bool numerics = false;
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+struct Options {
+  /// Wrapper kinds to certify, by registered name; empty means every kind in the registry.
+  std::vector<std::string> kinds;
+  /// Whole models to run on besides the generated trees: full-size layouts (on meta) for P1-P3,
+  /// tiny ones for P4. Empty: the generated trees alone.
+  std::vector<Model> models;
+  Subject subject = Subject::kReference;
+  /// An unwrap function of your own, certified in place of `subject` when set: the kinds wrap
+  /// the generated trees and the fixtures, and it must give the model back.
+  props::UnwrapSubject custom_subject;
+  /// What reports call `custom_subject`.
+  std::string custom_subject_name = "custom";
+  /// A key translator of your own for P8, in place of the reference one.
+  props::Translator custom_translator;
+  int cases = 100;     ///< generated cases per property and kind
+  int max_size = 100;  ///< rapidcheck's size bound
+  uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
+  /// Run each check in a child process, so that a crash, an abort or a hang in the code under
+  /// certification becomes a failed entry (naming the signal or the limit) instead of ending the
+  /// run and losing the report.
+  bool isolate = true;
+  /// Seconds one check may take in its child process before it is stopped as hung.
+  int timeout_seconds = 600;
+};
+
+struct Entry;
+/// Called before (`done` false) and after (`done` true) each check, for progress output.
+using Listener = std::function<void(const Entry& entry, bool done)>;
+
+enum class Status { kPassed, kFailed, kSkipped };
+const char* to_string(Status status);
+
+struct Entry {
+  std::string kind;      ///< the wrapper kind certified
+  std::string property;  ///< "P1 keys"
+  std::string target;    ///< "generated trees" or a fixture name
+  Status status = Status::kPassed;
+  std::string reason;          ///< why it failed or was skipped
+  std::string key;             ///< the offending key, when there is one
+  std::string counterexample;  ///< the shrunk tree with its keys
+  int cases = 0;               ///< cases run
+  double seconds = 0.0;
+  std::string replay;  ///< for a failure: the command that runs this check again
+};
+
+struct Report {
+  Options options;  ///< with the seed actually used
+  std::vector<Entry> entries;
+  bool passed() const;
+  size_t count(Status status) const;
+};
+
+/// Runs every property for each kind on generated trees (the kind mixed with the built-in
+/// kinds) and on the fixtures, each check in its own child process unless `isolate` is off.
+/// Throws `Error` for an unknown kind or a bad option.
+Report certify(const Options& options, const Listener& listener = nullptr);
+/// Certifies `registration`, registered for this run alone (unless a kind of its name is
+/// registered already): the global registry is as it was when the call returns, so no
+/// certification depends on what ran before it.
+Report certify(const WrapperKind& registration, Options options = {},
+               const Listener& listener = nullptr);
+
+/// The subject's name in reports: `custom_subject_name`, or the built-in subject's.
+std::string subject_name(const Options& options);
+
+/// One compact table: a row per property and target, a column per kind (pass, FAIL, skip).
+std::string to_summary(const Report& report);
+/// A table per kind: property, target, result, reason.
+std::string to_markdown(const Report& report);
+/// With a `context` block: wrapcert and LibTorch versions, seed, options.
+std::string to_json(const Report& report);
+/// One testsuite per kind, one testcase per entry; failures carry the counterexample.
+std::string to_junit(const Report& report);
+
+}  // namespace wrapcert::certify

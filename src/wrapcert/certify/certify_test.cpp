@@ -1,0 +1,432 @@
+#include <wrapcert/certify/certify.h>
+#include <wrapcert/distributed.h>
+#include <wrapcert/error.h>
+#include <wrapcert/fixtures/certification.h>
+#include <wrapcert/test_support/contract_kinds.h>
+#include <wrapcert/wrappers.h>
+
+#include <torch/nn/modules/linear.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+#include <pugixml.hpp>
+
+#include <csignal>
+#include <iostream>
+
+namespace wrapcert::certify {
+namespace {
+
+using ::testing::HasSubstr;
+
+/// A correct new kind: its own type and slot, a pass-through.
+class RelayImpl : public WrapperImpl {
+ public:
+  explicit RelayImpl(ModulePtr inner) : WrapperImpl("Relay", "_relayed_module", std::move(inner)) {}
+};
+
+/// A faulty one: scales what it forwards, yet claims to be bitwise transparent.
+class LoudRelayImpl : public WrapperImpl {
+ public:
+  explicit LoudRelayImpl(ModulePtr inner)
+      : WrapperImpl("LoudRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override { return 2 * call(*inner(), input); }
+};
+
+/// Skips its inner module for a single example: a fault only a batch of one shows.
+class BatchOfOneSkipperImpl : public WrapperImpl {
+ public:
+  explicit BatchOfOneSkipperImpl(ModulePtr inner)
+      : WrapperImpl("BatchOfOneSkipper", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    return input.size(0) == 1 ? input : call(*inner(), input);
+  }
+};
+
+/// Its own code throws on forward.
+class ThrowingRelayImpl : public WrapperImpl {
+ public:
+  explicit ThrowingRelayImpl(ModulePtr inner)
+      : WrapperImpl("ThrowingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor&) override { throw std::runtime_error("shard lost"); }
+};
+
+/// Kills its process on forward, as a wrapper with a memory error would.
+class CrashingRelayImpl : public WrapperImpl {
+ public:
+  explicit CrashingRelayImpl(ModulePtr inner)
+      : WrapperImpl("CrashingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    std::raise(SIGSEGV);
+    return call(*inner(), input);
+  }
+};
+
+/// Never returns from forward.
+class HangingRelayImpl : public WrapperImpl {
+ public:
+  explicit HangingRelayImpl(ModulePtr inner)
+      : WrapperImpl("HangingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    while (true) ::pause();
+    return call(*inner(), input);
+  }
+};
+
+Options quick() {
+  Options o;
+  o.cases = 15;
+  o.seed = 11;
+  o.models = fixtures::certification_models({"gemma-2b", "tiny-mistral"});
+  return o;
+}
+
+TEST(Certify, CertifiesACorrectNewKind) {
+  const auto report = certify(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+  size_t relay = 0;
+  for (const auto& e : report.entries) {
+    if (e.kind == "hardware") {
+      EXPECT_EQ(e.status, Status::kSkipped) << "on a host without the device";
+      EXPECT_FALSE(e.reason.empty());
+      continue;
+    }
+    EXPECT_EQ(e.kind, "Relay");
+    ++relay;
+  }
+  EXPECT_EQ(relay, 16u + 1u + 3u + 1u);  // generated, the deep chain, gemma-2b P1-P3, tiny P4
+  EXPECT_EQ(report.count(Status::kFailed), 0u);
+}
+
+TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
+  const auto before = Registry::global().names();
+  const auto loud = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  EXPECT_FALSE(loud.passed());
+  EXPECT_EQ(Registry::global().names(), before);
+  // The correct kind is certified after the faulty one exactly as on its own: the faulty kind
+  // is not drawn into its trees.
+  const auto relay = certify(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  EXPECT_TRUE(relay.passed()) << to_markdown(relay);
+  EXPECT_EQ(Registry::global().names(), before);
+}
+
+TEST(Certify, RejectsAFaultyKindWithACounterexample) {
+  const auto report = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  ASSERT_FALSE(report.passed());
+  bool generated = false, fixture = false;
+  for (const auto& e : report.entries) {
+    if (e.status != Status::kFailed) continue;
+    EXPECT_EQ(e.property, "P4 backward");
+    if (e.target == "generated trees") {
+      generated = true;
+      EXPECT_THAT(e.counterexample, HasSubstr("LoudRelay("));
+    } else {
+      fixture = true;
+      EXPECT_THAT(e.reason, HasSubstr("differ"));
+    }
+  }
+  EXPECT_TRUE(generated);
+  EXPECT_TRUE(fixture);
+
+  const auto json = nlohmann::json::parse(to_json(report));
+  EXPECT_EQ(json["context"]["seed"], 11);
+  EXPECT_EQ(json["context"]["options"]["subject"], "reference");
+  EXPECT_GE(json["summary"]["failed"].get<int>(), 2);
+  EXPECT_THAT(to_junit(report), HasSubstr("<failure message="));
+  EXPECT_THAT(to_markdown(report), HasSubstr("**FAILED**"));
+  EXPECT_THAT(to_summary(report), HasSubstr("| P4 backward | generated trees | **FAIL** |"));
+}
+
+TEST(Certify, JUnitHoldsWhatXmlCannotAsReplacementCharacters) {
+  // What a worker printed can be anything: a NUL, an escape sequence, bytes that are no UTF-8.
+  Report report;
+  Entry e;
+  e.kind = "Odd<Kind>&\x01";
+  e.property = "P1 keys";
+  e.target = "generated trees";
+  e.status = Status::kFailed;
+  e.reason = "the worker said \x1b[31m\"no\"\x1b[0m";
+  e.reason.push_back('\0');
+  e.counterexample = "caf\xc3\xa9 \xff\xfe \xed\xa0\x80 \xef\xbf\xbe ]]> \xf0\x9f\x99\x82\tend";
+  report.entries.push_back(e);
+  const auto text = to_junit(report);
+
+  pugi::xml_document doc;
+  ASSERT_TRUE(doc.load_string(text.c_str())) << text;
+  for (unsigned char c : text) {
+    EXPECT_TRUE(c >= 0x20 || c == '\n' || c == '\t' || c == '\r') << "byte " << int(c);
+  }
+  const auto failure =
+      doc.child("testsuites").child("testsuite").child("testcase").child("failure");
+  EXPECT_EQ(std::string(doc.child("testsuites").child("testsuite").attribute("name").value()),
+            "Odd<Kind>&\xef\xbf\xbd");
+  const std::string body = failure.text().get();
+  EXPECT_THAT(body, HasSubstr("the worker said \xef\xbf\xbd[31m\"no\"\xef\xbf\xbd[0m"));
+  // Kept: é and the emoji. Replaced, a U+FFFD each: two stray bytes, a surrogate's three, U+FFFE.
+  EXPECT_THAT(body, HasSubstr("caf\xc3\xa9 \xef\xbf\xbd\xef\xbf\xbd "));
+  EXPECT_THAT(body, HasSubstr("]]> \xf0\x9f\x99\x82\tend"));
+  EXPECT_THAT(body, HasSubstr("\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd ]]>"));
+}
+
+TEST(Certify, ShowsTheLegacySubjectFailing) {
+  auto o = quick();
+  o.kinds = {"SpmdFullyShardedDataParallel"};
+  o.subject = Subject::kLegacy;
+  const auto report = certify(o);
+  EXPECT_FALSE(report.passed());
+  o.subject = Subject::kReference;
+  EXPECT_TRUE(certify(o).passed());
+}
+
+TEST(Certify, AWrapperThatCrashesIsAFailedEntryWithAReplayNotADeadRun) {
+  auto o = quick();
+  o.models = fixtures::certification_models({"tiny-mistral"});
+  const auto report =
+      certify(wrapper_kind<CrashingRelayImpl>("CrashingRelay", "_relayed_module"), o);
+  ASSERT_FALSE(report.passed());
+  bool crashed = false;
+  for (const auto& e : report.entries) {
+    if (e.status != Status::kFailed) continue;
+    EXPECT_THAT(e.replay, HasSubstr("wrapcert certify --wrappers CrashingRelay --subject "
+                                    "reference --seed 11"));
+    if (e.property == "P4 backward" && e.target == "tiny-mistral") {
+      crashed = true;
+      EXPECT_THAT(e.reason, HasSubstr("crashed: signal"));  // 11, or 6 where ASan aborts
+    }
+  }
+  EXPECT_TRUE(crashed) << to_markdown(report);
+  EXPECT_THAT(to_json(report),
+              HasSubstr("\"replay\": \"wrapcert certify --wrappers CrashingRelay"));
+}
+
+TEST(Certify, AFaultOnlyABatchOfOneShowsIsFoundOnGeneratedTreesNamingAKey) {
+  auto o = quick();
+  o.models = {};
+  const auto report =
+      certify(wrapper_kind<BatchOfOneSkipperImpl>("BatchOfOneSkipper", "_relayed_module"), o);
+  bool found = false;
+  for (const auto& e : report.entries) {
+    if (e.property != "P4 backward" || e.target != "generated trees") continue;
+    found = true;
+    EXPECT_EQ(e.status, Status::kFailed);
+    EXPECT_THAT(e.reason, HasSubstr("(batch of 1)"));
+    EXPECT_FALSE(e.key.empty()) << e.reason;
+    EXPECT_THAT(e.counterexample, HasSubstr("BatchOfOneSkipper("));
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {
+  auto o = quick();
+  o.models = fixtures::certification_models({"tiny-mistral"});
+  o.timeout_seconds = 2;
+  const auto report = certify(wrapper_kind<HangingRelayImpl>("HangingRelay", "_relayed_module"), o);
+  bool hung = false;
+  for (const auto& e : report.entries) {
+    if (e.property == "P4 backward" && e.target == "tiny-mistral") {
+      hung = true;
+      EXPECT_EQ(e.status, Status::kFailed);
+      EXPECT_THAT(e.reason, HasSubstr("did not finish within 2 s"));
+      EXPECT_LT(e.seconds, 30.0);
+    }
+  }
+  EXPECT_TRUE(hung);
+}
+
+TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
+  auto o = quick();
+  o.kinds = {"DistributedDataParallel", "CheckpointWrapper"};
+  o.models = fixtures::certification_models({"gemma-2b"});
+  const auto reference = props::subject(Subject::kReference);
+  o.custom_subject = [reference](const ModulePtr& wrapped) { return reference(wrapped); };
+  o.custom_subject_name = "my_unwrap";
+  EXPECT_TRUE(certify(o).passed());
+  // One that loses the last key of what it would save.
+  o.custom_subject = [reference](const ModulePtr& wrapped) {
+    auto u = reference(wrapped);
+    StateDict kept;
+    for (size_t i = 0; i + 1 < u.state.size(); ++i)
+      kept.insert(u.state[i].key(), u.state[i].value());
+    u.state = std::move(kept);
+    return u;
+  };
+  const auto report = certify(o);
+  ASSERT_FALSE(report.passed());
+  bool keys = false;
+  for (const auto& e : report.entries) {
+    if (e.property == "P1 keys" && e.status == Status::kFailed) keys = true;
+    if (e.status == Status::kFailed) {
+      EXPECT_THAT(e.replay, HasSubstr("the subject 'my_unwrap'"));
+    }
+  }
+  EXPECT_TRUE(keys) << to_markdown(report);
+  EXPECT_THAT(to_markdown(report), HasSubstr("(my_unwrap unwrap)"));
+}
+
+TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
+  auto o = quick();
+  o.models = fixtures::certification_models({"tiny-mistral"});
+  const auto report =
+      certify(wrapper_kind<ThrowingRelayImpl>("ThrowingRelay", "_relayed_module"), o);
+  size_t blamed = 0;
+  for (const auto& e : report.entries) {
+    if (e.property != "P4 backward") continue;
+    EXPECT_EQ(e.status, Status::kFailed);
+    EXPECT_THAT(e.reason, HasSubstr("the wrapper ThrowingRelay threw: shard lost")) << e.target;
+    ++blamed;
+  }
+  EXPECT_EQ(blamed, 2u);  // generated trees and the fixture
+  auto broken = wrapper_kind<RelayImpl>("BrokenMake", "_relayed_module");
+  broken.make = [](ModulePtr) -> ModulePtr { throw std::runtime_error("cannot shard"); };
+  o.models = fixtures::certification_models({"gemma-2b"});
+  const auto make = certify(broken, o);
+  bool generated = false, fixture = false;
+  for (const auto& e : make.entries) {
+    if (e.property != "P1 keys") continue;
+    if (e.target == "generated trees") {
+      generated = true;
+      EXPECT_THAT(
+          e.reason,
+          HasSubstr("the wrapper kind BrokenMake (building a wrapper) threw: cannot shard"));
+    } else {
+      fixture = true;
+      EXPECT_THAT(
+          e.reason,
+          HasSubstr("the wrapper kind BrokenMake (wrapping the fixture) threw: cannot shard"));
+    }
+  }
+  EXPECT_TRUE(generated);
+  EXPECT_TRUE(fixture);
+}
+
+/// A kind and the one property (on generated trees) that must reject it; "" for a correct kind.
+struct ContractCase {
+  WrapperKind (*kind)();
+  std::string rejected_by;
+};
+
+void PrintTo(const ContractCase& c, std::ostream* os) {
+  *os << c.kind().name << (c.rejected_by.empty() ? " (correct)" : " (" + c.rejected_by + ")");
+}
+
+class CertifyContracts : public ::testing::TestWithParam<ContractCase> {};
+
+TEST_P(CertifyContracts, EachDeclaredContractIsCheckedByThePropertyNamedForIt) {
+  const auto& c = GetParam();
+  const auto kind = c.kind();
+  auto o = quick();
+  o.models = fixtures::certification_models({"gemma-2b", "tiny-mistral"});
+  o.cases = 30;
+  const auto report = certify(kind, o);
+  std::vector<std::string> failed;
+  for (const auto& e : report.entries) {
+    if (e.status == Status::kFailed) {
+      failed.push_back(e.property + " [" + e.target + "]");
+      std::cout << kind.name << ": " << e.property << " [" << e.target << "]: " << e.reason << "\n";
+    }
+  }
+  if (c.rejected_by.empty()) {
+    EXPECT_TRUE(report.passed()) << to_markdown(report);
+    return;
+  }
+  EXPECT_THAT(failed, ::testing::Contains(c.rejected_by + " [generated trees]"))
+      << to_markdown(report);
+  for (const auto& e : report.entries) {
+    if (e.property == c.rejected_by && e.target == "generated trees") {
+      EXPECT_FALSE(e.key.empty()) << e.reason;
+      EXPECT_THAT(e.counterexample, HasSubstr(kind.name + "(")) << e.reason;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, CertifyContracts,
+    ::testing::Values(
+        ContractCase{wrapcert::test_support::step_counter_kind, ""},
+        ContractCase{wrapcert::test_support::aliased_relay_kind, ""},
+        ContractCase{wrapcert::test_support::flat_shard_kind, ""},
+        ContractCase{wrapcert::test_support::copying_release_kind, "P14 release"},
+        ContractCase{wrapcert::test_support::emptying_release_kind, "P14 release"},
+        ContractCase{wrapcert::test_support::swapped_flat_release_kind, "P14 release"},
+        ContractCase{wrapcert::test_support::second_registration_kind, "P15 owned state"},
+        ContractCase{wrapcert::test_support::misdirected_alias_kind, "P16 aliases"}),
+    [](const auto& info) { return info.param.kind().name; });
+
+TEST(Certify, RunsTheBuiltInFlatParameterMode) {
+  auto o = quick();
+  o.models = {};
+  EXPECT_THAT(Registry::global().names_with_modes(),
+              ::testing::Contains("FullyShardedDataParallel[flat]"));
+  o.kinds = {"FullyShardedDataParallel[flat]"};
+  o.cases = 40;
+  const auto report = certify(o);
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+  size_t checked = 0;
+  for (const auto& e : report.entries) {
+    if (e.kind != "FullyShardedDataParallel[flat]") continue;
+    ++checked;
+    if (e.property == "P4 backward" && e.target != "generated trees") {
+      EXPECT_EQ(e.status, Status::kSkipped) << "flat parameters compute only once released";
+    } else {
+      EXPECT_EQ(e.status, Status::kPassed) << e.property << ": " << e.reason;
+    }
+  }
+  EXPECT_EQ(checked, 16u + 1u);
+  // The replay of a failure names the mode so that a shell does not read it as a glob.
+  o.subject = Subject::kLegacy;
+  o.cases = 15;
+  const auto legacy = certify(o);
+  ASSERT_FALSE(legacy.passed());
+  for (const auto& e : legacy.entries) {
+    if (e.status != Status::kFailed) continue;
+    EXPECT_THAT(e.replay,
+                HasSubstr("--wrappers 'FullyShardedDataParallel[flat]' --subject legacy"));
+  }
+}
+
+TEST(Certify, ChecksInChildProcessesDoNotWaitOnTheParentsProcessGroup) {
+  // DDP used here first: its Gloo group's threads live in this process only. A child that
+  // all-reduced through it waited forever.
+  auto ddp =
+      std::make_shared<DistributedDataParallelImpl>(std::make_shared<torch::nn::LinearImpl>(3, 3));
+  call(*ddp, torch::ones({2, 3})).sum().backward();
+  auto o = quick();
+  o.kinds = {"DistributedDataParallel"};
+  o.models = fixtures::certification_models({"tiny-mistral"});
+  o.timeout_seconds = 60;
+  const auto report = certify(o);
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+}
+
+TEST(Certify, RejectsUnknownNamesAndBadOptions) {
+  auto o = quick();
+  o.kinds = {"FSDP3"};
+  EXPECT_THROW((void)certify(o), Error);
+  o.kinds = {"FullyShardedDataParallel[sharded]"};  // no such mode
+  EXPECT_THROW((void)certify(o), Error);
+  EXPECT_THROW((void)fixtures::certification_models({"llama-7b"}), Error);
+  o = quick();
+  o.models = {Model{"built-by-nothing", nullptr, {}, false, c10::kFloat}};
+  EXPECT_THROW((void)certify(o), Error);
+  o = quick();
+  o.cases = 0;
+  EXPECT_THROW((void)certify(o), Error);
+  o = quick();
+  o.timeout_seconds = 0;
+  EXPECT_THROW((void)certify(o), Error);
+}
+
+}  // namespace
+}  // namespace wrapcert::certify

@@ -1,0 +1,824 @@
+#include <wrapcert/certify/properties.h>
+#include <wrapcert/detail/blame.h>
+#include <wrapcert/detail/path.h>
+#include <wrapcert/detail/wrapper_state.h>
+#include <wrapcert/error.h>
+#include <wrapcert/gen/build.h>
+#include <wrapcert/keys.h>
+#include <wrapcert/layer.h>
+#include <wrapcert/printer.h>
+#include <wrapcert/state_dict.h>
+#include <wrapcert/wrap.h>
+
+#include <torch/nn/modules/linear.h>
+#include <torch/serialize.h>
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+namespace wrapcert::props {
+namespace {
+
+Verdict pass(const char* property) {
+  return Verdict{property, true, false, {}, {}};
+}
+Verdict fail(const char* property, std::string reason, std::string key = {}) {
+  return Verdict{property, false, false, std::move(reason), std::move(key)};
+}
+Verdict skip(const char* property, std::string reason) {
+  return Verdict{property, true, true, std::move(reason), {}};
+}
+
+/// Runs `fn`, turning an exception into a failed verdict that says who threw: a wrapper, the
+/// model (as `call` and the tree builder noted it), or else the unwrap subject.
+template <typename Fn>
+Verdict guarded(const char* property, Fn&& fn) {
+  (void)detail::take_blame();  // a note from before this property is not its own
+  auto who = [] {
+    const auto blamed = detail::take_blame();
+    return (blamed.empty() ? std::string("the subject") : blamed) + " threw: ";
+  };
+  try {
+    return fn();
+  } catch (const Error& e) {
+    return fail(property, who() + e.what(), e.key_path());
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));  // LibTorch appends a backtrace
+    return fail(property, who() + what);
+  }
+}
+
+/// The first difference between two key lists, or "" when equal (length and order).
+std::string key_difference(const std::vector<std::string>& got,
+                           const std::vector<std::string>& want, std::string& key) {
+  const size_t n = std::min(got.size(), want.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (got[i] != want[i]) {
+      key = got[i];
+      return "key " + std::to_string(i) + " is '" + got[i] + "', expected '" + want[i] + "'";
+    }
+  }
+  if (got.size() != want.size()) {
+    key = got.size() > want.size() ? got[n] : want[n];
+    return std::to_string(got.size()) + " keys, expected " + std::to_string(want.size()) +
+           (got.size() > want.size() ? " (extra '" : " (missing '") + key + "')";
+  }
+  return {};
+}
+
+void reset_calls(const gen::Built& built) {
+  for (const auto& w : built.wrappers) w->reset_calls();
+}
+
+/// Output and every original parameter's gradient (in state-dict order) of one step.
+std::pair<torch::Tensor, std::vector<torch::Tensor>> step(const ModulePtr& run,
+                                                          const StateDict& params,
+                                                          const torch::Tensor& input) {
+  for (const auto& item : params) {
+    if (item.value().requires_grad()) item.value().mutable_grad() = torch::Tensor();
+  }
+  auto out = call(*run, input);
+  if (out.requires_grad()) out.pow(2).sum().backward();  // a tree of skipped parts may have none
+  std::vector<torch::Tensor> grads;
+  for (const auto& item : params) {
+    grads.push_back(item.value().requires_grad() && item.value().grad().defined()
+                        ? item.value().grad().clone()
+                        : torch::Tensor());
+  }
+  return {out.detach(), grads};
+}
+
+/// Bit for bit when `tolerance` is 0, else within it (relative and absolute).
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tolerance) {
+  return tolerance == 0.0 ? a.equal(b) : torch::allclose(a, b, tolerance, tolerance);
+}
+
+bool same_grads(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
+                double tolerance, size_t& where) {
+  for (where = 0; where < a.size(); ++where) {
+    if (a[where].defined() != b[where].defined()) return false;
+    if (a[where].defined() && !close(a[where], b[where], tolerance)) return false;
+  }
+  return true;
+}
+
+/// Sees through no wrapper: a view built with it shows a module's parameters a flat-parameter
+/// wrapper holds where they belong, and nothing else changes.
+const WrapperKind* see_nothing(const torch::nn::Module&) {
+  return nullptr;
+}
+
+/// The wrapped model's entries that are the model's own tensors, in the wrapped model's order
+/// and under its keys, parameters a flat-parameter wrapper holds shown where they belong (as
+/// the real wrapper's full state dict shows them); the wrappers' own state left out.
+StateDict model_entries(const ModulePtr& wrapped, const StateDict& original) {
+  std::set<const void*> model;
+  for (const auto& item : original) model.insert(item.value().unsafeGetTensorImpl());
+  const auto all = ModuleView::build(wrapped, see_nothing).state_dict();
+  StateDict out;
+  for (const auto& item : all) {
+    if (model.count(item.value().unsafeGetTensorImpl())) out.insert(item.key(), item.value());
+  }
+  return out;
+}
+
+/// Why `wrapped` (from `model_entries`) cannot be matched one to one with `original`: a tensor
+/// of the model under more keys, or fewer, than the model has for it. Sets `key`.
+std::string entry_count_difference(const StateDict& wrapped, const StateDict& original,
+                                   std::string& key) {
+  std::map<const void*, int> count;
+  for (const auto& item : original) ++count[item.value().unsafeGetTensorImpl()];
+  for (const auto& item : wrapped) {
+    if (--count[item.value().unsafeGetTensorImpl()] < 0) {
+      key = item.key();
+      return "the wrapped model holds a tensor of the model under more keys than the model (" +
+             std::to_string(wrapped.size()) + " keys for the model's " +
+             std::to_string(original.size()) + ")";
+    }
+  }
+  for (const auto& item : original) {
+    if (count[item.value().unsafeGetTensorImpl()] > 0) {
+      key = item.key();
+      return "the wrapped model does not hold this tensor of the model";
+    }
+  }
+  return {};
+}
+
+gen::TreeSpec shuffled(gen::TreeSpec spec, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::function<void(gen::NodeSpec&)> walk = [&](gen::NodeSpec& n) {
+    if (!n.wrappers.empty()) {
+      std::shuffle(n.wrappers.begin(), n.wrappers.end(), rng);
+      n.wrappers.push_back(n.wrappers.front());  // a repetition
+    }
+    for (auto& c : n.children) walk(c.second);
+  };
+  walk(spec.root);
+  return spec;
+}
+
+}  // namespace
+
+std::set<std::vector<std::string>> tie_groups(const StateDict& state) {
+  std::map<const void*, std::vector<std::string>> by_tensor;
+  for (const auto& item : state) {
+    by_tensor[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  }
+  std::set<std::vector<std::string>> groups;
+  for (auto& [impl, ks] : by_tensor) {
+    if (ks.size() > 1) groups.insert(ks);
+  }
+  return groups;
+}
+
+UnwrapSubject subject(Subject s) {
+  switch (s) {
+    case Subject::kReference:
+      return [](const ModulePtr& wrapped) {
+        auto state = unwrap_reference(wrapped).state_dict();
+        auto scope = std::make_shared<ScopedUnwrap>(wrapped);
+        return Unwrapped{scope->root(), std::move(state), scope};
+      };
+    case Subject::kLegacy:
+      return [](const ModulePtr& wrapped) {
+        auto root = unwrap_legacy(wrapped);
+        return Unwrapped{root, state_dict(root), nullptr};
+      };
+    case Subject::kDuckTyped:
+      return [](const ModulePtr& wrapped) {
+        auto root = unwrap_duck_typed(wrapped);
+        return Unwrapped{root, state_dict(root), nullptr};
+      };
+  }
+  throw Error(ErrorCode::kInvalidArgument, "", "unknown subject");
+}
+
+Translator reference_translator() {
+  return [](const ModulePtr& wrapped) {
+    auto tr = std::make_shared<KeyTranslator>(KeyTranslator::from_tree(wrapped));
+    return [tr](const std::string& key) { return tr->to_clean(key); };
+  };
+}
+
+Verdict keys(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P1 keys", [&] {
+    const auto built = gen::build(spec);
+    const auto got = u(built.root).state.keys();
+    std::string key;
+    const auto diff = key_difference(got, built.original.keys(), key);
+    return diff.empty() ? pass("P1 keys") : fail("P1 keys", diff, key);
+  });
+}
+
+Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P2 identity", [&] {
+    const auto built = gen::build(spec);
+    const auto state = u(built.root).state;
+    for (const auto& item : built.original) {
+      const auto* got = state.find(item.key());
+      if (!got) return fail("P2 identity", "the tensor is missing", item.key());
+      if (!got->is_same(item.value())) {
+        return fail("P2 identity", "not the model's own tensor (a copy?)", item.key());
+      }
+    }
+    return pass("P2 identity");
+  });
+}
+
+Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P3 ties", [&] {
+    const auto built = gen::build(spec);
+    const auto before = tie_groups(built.original);
+    const auto after = tie_groups(u(built.root).state);
+    if (before == after) return pass("P3 ties");
+    for (const auto& g : before) {
+      if (!after.count(g)) return fail("P3 ties", "keys that shared one tensor no longer do", g[0]);
+    }
+    return fail("P3 ties", "keys share a tensor that did not before", after.begin()->front());
+  });
+}
+
+Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P4 backward", [&] {
+    const auto built = gen::build(spec, {c10::kDouble, 1, true});
+    if (!built.bitwise) return skip("P4 backward", "a wrapper kind is not bitwise transparent");
+    const auto plain = gen::build(spec, {c10::kDouble, 1, false});
+    // A single example and a batch: a forward path may hide a fault behind either.
+    const std::vector<torch::Tensor> inputs = {gen::sample_input(spec, c10::kDouble, 0, 1),
+                                               gen::sample_input(spec, c10::kDouble, 0, 2)};
+    std::vector<std::pair<torch::Tensor, std::vector<torch::Tensor>>> expected;
+    for (const auto& input : inputs) expected.push_back(step(plain.root, plain.original, input));
+    auto batch = [](const torch::Tensor& input) {
+      return " (batch of " + std::to_string(input.size(0)) + ")";
+    };
+    size_t where = 0;
+
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      reset_calls(built);
+      const auto wrapped = step(built.root, built.original, inputs[i]);
+      for (const auto& w : built.wrappers) {
+        if (w->calls() == 0) {
+          return fail("P4 backward",
+                      "the wrapped run skipped a " + w->kind_name() + batch(inputs[i]));
+        }
+      }
+      if (!same_grads(wrapped.second, expected[i].second, built.tolerance, where)) {
+        return fail("P4 backward", "a gradient through the wrappers differs" + batch(inputs[i]),
+                    built.original.keys()[where]);
+      }
+      if (!wrapped.first.equal(expected[i].first)) {
+        return fail("P4 backward",
+                    "the wrapped model's output differs from the model's" + batch(inputs[i]));
+      }
+    }
+
+    const auto unwrapped = u(built.root);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      reset_calls(built);
+      const auto run = step(unwrapped.root, built.original, inputs[i]);
+      for (const auto& w : built.wrappers) {
+        if (w->calls() != 0) {
+          return fail("P4 backward", "the unwrapped run went through a " + w->kind_name());
+        }
+      }
+      if (!same_grads(run.second, expected[i].second, 0.0, where)) {
+        return fail("P4 backward", "a gradient of the unwrapped model differs" + batch(inputs[i]),
+                    built.original.keys()[where]);
+      }
+      if (!run.first.equal(expected[i].first)) {
+        return fail("P4 backward",
+                    "the unwrapped model's output differs from the model's" + batch(inputs[i]));
+      }
+    }
+    return pass("P4 backward");
+  });
+}
+
+Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P5 non-mutation", [&] {
+    const auto built = gen::build(spec);
+    const auto tree = format_tree(built.root);
+    const auto keys_before = state_dict(built.root).keys();
+    const auto input = gen::sample_input(spec, c10::kDouble);
+    torch::Tensor before;
+    try {
+      before = call(*built.root, input).detach();
+    } catch (const Error& e) {
+      // A module shared between a flat-parameter unit and the rest of the model cannot run, in
+      // real FSDP either: the case does not apply.
+      if (e.code() != ErrorCode::kWrapperState) throw;
+      return skip("P5 non-mutation", "the wrapped model does not run: " + std::string(e.what()));
+    }
+    (void)u(built.root);  // the result, and anything it keeps alive, is gone after this line
+    std::string key;
+    const auto diff = key_difference(state_dict(built.root).keys(), keys_before, key);
+    if (!diff.empty())
+      return fail("P5 non-mutation", "the wrapped model's keys changed: " + diff, key);
+    if (format_tree(built.root) != tree) {
+      return fail("P5 non-mutation", "the wrapped model's tree changed");
+    }
+    reset_calls(built);
+    const auto after = call(*built.root, input).detach();
+    for (const auto& w : built.wrappers) {
+      if (w->calls() == 0) {
+        return fail("P5 non-mutation", "a " + w->kind_name() + " is no longer on the forward path");
+      }
+    }
+    if (!after.equal(before)) {
+      return fail("P5 non-mutation", "the wrapped model computes another output after unwrapping");
+    }
+    return pass("P5 non-mutation");
+  });
+}
+
+Verdict laws(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P6 laws", [&] {
+    const auto plain = gen::build(spec, {c10::kDouble, 0, false});
+    const auto same = u(plain.root);
+    if (same.root != plain.root) return fail("P6 laws", "u(M) is not M for an unwrapped M");
+    std::string key;
+    auto diff = key_difference(same.state.keys(), plain.original.keys(), key);
+    if (!diff.empty()) return fail("P6 laws", "u(M) changed M's keys: " + diff, key);
+
+    const auto built = gen::build(spec);
+    const auto once = u(built.root);
+    const auto twice = u(once.root);
+    diff = key_difference(twice.state.keys(), once.state.keys(), key);
+    return diff.empty() ? pass("P6 laws")
+                        : fail("P6 laws", "u(u(x)) differs from u(x): " + diff, key);
+  });
+}
+
+Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P7 legacy", [&] {
+    const auto built = gen::build(spec);
+    // What the module legacy returns holds once released (parameters a flat-parameter wrapper
+    // holds shown where they belong), as the reference view shows it.
+    const auto legacy =
+        ModuleView::build(unwrap_legacy(built.root), see_nothing).state_dict().keys();
+    std::string key;
+    const auto diff = key_difference(u(built.root).state.keys(), legacy, key);
+    return diff.empty() ? pass("P7 legacy") : fail("P7 legacy", diff, key);
+  });
+}
+
+Verdict translation(const gen::TreeSpec& spec, const Translator& t) {
+  return guarded("P8 translation", [&] {
+    const auto built = gen::build(spec);
+    const auto wrapped = model_entries(built.root, built.original);
+    if (wrapped.size() != built.original.size()) {
+      std::string key;
+      const auto diff = entry_count_difference(wrapped, built.original, key);
+      return fail("P8 translation", diff, key);
+    }
+    const auto to_clean = t(built.root);
+    std::set<std::string> seen;
+    for (size_t i = 0; i < wrapped.size(); ++i) {
+      const auto& w = wrapped[i];
+      const auto& original = built.original[i];
+      if (!w.value().is_same(original.value())) {
+        return fail("P8 translation", "wrapped and original orders disagree", w.key());
+      }
+      const auto clean = to_clean(w.key());
+      if (clean != original.key()) {
+        return fail("P8 translation",
+                    "translates to '" + clean + "', expected '" + original.key() + "'", w.key());
+      }
+      if (!removes_whole_components(w.key(), clean)) {
+        return fail("P8 translation", "touches part of a component", w.key());
+      }
+      if (!seen.insert(clean).second) return fail("P8 translation", "not one-to-one", clean);
+    }
+    const auto inverse = KeyTranslator::from_tree(built.root);
+    for (const auto& item : wrapped) {
+      if (inverse.to_wrapped(inverse.to_clean(item.key())) != item.key()) {
+        return fail("P8 translation", "the inverse does not round-trip", item.key());
+      }
+    }
+    return pass("P8 translation");
+  });
+}
+
+Verdict no_false_positives(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P9 no false positives", [&] {
+    const auto plain = gen::build(spec, {c10::kDouble, 0, false});
+    std::string key;
+    const auto diff = key_difference(u(plain.root).state.keys(), plain.original.keys(), key);
+    return diff.empty()
+               ? pass("P9 no false positives")
+               : fail("P9 no false positives", "a user module was unwrapped: " + diff, key);
+  });
+}
+
+Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P10 round trip", [&] {
+    const auto built = gen::build(spec);
+    const auto saved = u(built.root).state;
+    // Through bytes, as a checkpoint file would go.
+    c10::Dict<std::string, torch::Tensor> dict;
+    for (const auto& item : saved) dict.insert(item.key(), item.value());
+    const auto bytes = torch::pickle_save(dict);
+    const auto loaded = torch::pickle_load(bytes).toGenericDict();
+
+    const auto fresh = gen::build(spec, {c10::kDouble, 99, false});  // other values
+    std::set<std::string> used;
+    torch::NoGradGuard no_grad;
+    for (const auto& item : fresh.original) {
+      if (!loaded.contains(item.key()))
+        return fail("P10 round trip", "missing from the file", item.key());
+      const auto t = loaded.at(item.key()).toTensor();
+      if (t.sizes() != item.value().sizes() || t.scalar_type() != item.value().scalar_type()) {
+        return fail("P10 round trip", "shape or dtype differs", item.key());
+      }
+      item.value().copy_(t);
+      used.insert(item.key());
+    }
+    if (used.size() != loaded.size()) {
+      for (const auto& entry : loaded) {
+        if (!used.count(entry.key().toStringRef())) {
+          return fail("P10 round trip", "unexpected key in the file", entry.key().toStringRef());
+        }
+      }
+    }
+    for (const auto& item : built.original) {
+      if (!fresh.original[item.key()].equal(item.value())) {
+        return fail("P10 round trip", "values differ after loading", item.key());
+      }
+    }
+    // And into a fresh wrapped model through the inverse translation.
+    const auto fresh_wrapped = gen::build(spec, {c10::kDouble, 98, true});
+    {
+      const auto tr = KeyTranslator::from_tree(fresh_wrapped.root);
+      const auto target = model_entries(fresh_wrapped.root, fresh_wrapped.original);
+      if (target.size() != fresh_wrapped.original.size()) {
+        std::string key;
+        const auto diff = entry_count_difference(target, fresh_wrapped.original, key);
+        return fail("P10 round trip", diff, key);
+      }
+      for (const auto& item : saved) {
+        const auto* slot = target.find(tr.to_wrapped(item.key()));
+        if (!slot) return fail("P10 round trip", "no wrapped key to load into", item.key());
+        slot->copy_(item.value());
+      }
+      for (size_t i = 0; i < target.size(); ++i) {
+        if (!target[i].value().equal(built.original[i].value())) {
+          return fail("P10 round trip", "values differ in the wrapped model", target[i].key());
+        }
+      }
+    }
+    return pass("P10 round trip");
+  });
+}
+
+Verdict deep_chain(const std::vector<std::string>& kinds, const UnwrapSubject& u, int depth) {
+  // Every level, top first, so the chain is torn down one level at a time at the end (a
+  // shared_ptr chain 10,000 deep would otherwise be destroyed by recursion).
+  std::vector<ModulePtr> levels;
+  auto verdict = guarded("P11 graph safety", [&] {
+    if (kinds.empty() || depth < 1) {
+      throw Error(ErrorCode::kInvalidArgument, "", "a deep chain needs kinds and a depth");
+    }
+    std::vector<KindRef> refs;
+    for (const auto& name : kinds) refs.push_back(Registry::global().resolve(name));
+    // Linear in `depth` whatever `make` does with the module it wraps: each wrapper is made
+    // around a stand-in and then given the chain below through its slot. A kind whose `inner`
+    // does not follow its slot is made around the chain itself.
+    ModulePtr m = torch::nn::Linear(2, 2).ptr();
+    levels.push_back(m);
+    for (int i = 0; i < depth; ++i) {
+      const auto& kind = refs[static_cast<size_t>(i) % refs.size()];
+      ModulePtr wrapper;
+      if (i > 0) {
+        try {
+          wrapper = kind.make(std::make_shared<torch::nn::IdentityImpl>());
+          replace_child(*wrapper, kind.kind->slot, m);
+          if (kind.kind->inner_of(*wrapper, "") != m) wrapper = nullptr;
+        } catch (const std::exception&) {
+          wrapper = nullptr;
+        }
+        (void)detail::take_blame();  // a stand-in's failure is not a verdict
+      }
+      if (!wrapper) {
+        try {
+          wrapper = kind.make(m);
+        } catch (...) {
+          detail::note_blame("the wrapper kind " + kind.name() + " (building a wrapper)");
+          throw;
+        }
+      }
+      m = wrapper;
+      levels.push_back(m);
+    }
+    std::reverse(levels.begin(), levels.end());
+    const auto got = u(m).state.keys();
+    if (got != std::vector<std::string>{"weight", "bias"}) {
+      std::string key;
+      return fail(
+          "P11 graph safety",
+          "a " + std::to_string(depth) + "-deep chain of " +
+              (kinds.size() == 1 ? kinds[0] : std::to_string(kinds.size()) + " kinds") +
+              " did not unwrap to the leaf's keys: " + key_difference(got, {"weight", "bias"}, key),
+          key);
+    }
+    return pass("P11 graph safety");
+  });
+  for (auto& level : levels) level.reset();  // top first: no deep recursion
+  return verdict;
+}
+
+Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P11 graph safety", [&] {
+    // A cycle: the model made its own descendant. The subject must say so, not hang or crash.
+    const auto built = gen::build(spec);
+    const auto plain_root = unwrap_reference(built.root).root().module;
+    plain_root->register_module("back_to_root", built.root);
+    struct BreakCycle {
+      const ModulePtr& root;
+      ~BreakCycle() { root->replace_module("back_to_root", torch::nn::Linear(1, 1).ptr()); }
+    } break_cycle{plain_root};
+    try {
+      (void)u(built.root);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kCycle) return pass("P11 graph safety");
+      return fail("P11 graph safety", std::string("a cycle gave another error: ") + e.what(),
+                  e.key_path());
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      return fail("P11 graph safety", "a cycle gave: " + what.substr(0, what.find('\n')));
+    }
+    return fail("P11 graph safety", "a cycle was not reported", "back_to_root");
+  });
+}
+
+Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed) {
+  return guarded("P12 order", [&] {
+    const auto a = u(gen::build(spec).root).state.keys();
+    const auto b = u(gen::build(shuffled(spec, shuffle_seed)).root).state.keys();
+    std::string key;
+    const auto diff = key_difference(b, a, key);
+    return diff.empty() ? pass("P12 order")
+                        : fail("P12 order", "another order of the same wrappers: " + diff, key);
+  });
+}
+
+Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  return guarded("P13 values", [&] {
+    const auto built = gen::build(spec);
+    const auto expected = gen::build(spec, {c10::kDouble, 0, false}).original;  // same seed
+    const auto state = u(built.root).state;
+    for (const auto& item : expected) {
+      const auto* got = state.find(item.key());
+      if (!got) return fail("P13 values", "missing", item.key());
+      if (got->sizes() != item.value().sizes() ||
+          got->scalar_type() != item.value().scalar_type()) {
+        return fail("P13 values", "shape or dtype differs", item.key());
+      }
+      if (!got->equal(item.value())) return fail("P13 values", "values differ", item.key());
+    }
+    return pass("P13 values");
+  });
+}
+
+namespace {
+
+/// Each wrapper of `built` with its kind and a path it is reached by (the first one).
+struct WrapperAt {
+  std::shared_ptr<WrapperImpl> wrapper;
+  const WrapperKind* kind;
+  std::string path;
+};
+
+std::vector<WrapperAt> wrappers_at(const gen::Built& built) {
+  std::map<const torch::nn::Module*, std::string> paths;
+  for (const auto& item : built.root->named_modules())
+    paths.emplace(item.value().get(), item.key());
+  std::vector<WrapperAt> out;
+  for (const auto& w : built.wrappers) {
+    const auto* kind = Registry::global().find(*w);
+    if (!kind) continue;
+    const auto it = paths.find(w.get());
+    out.push_back({w, kind, it == paths.end() ? std::string() : it->second});
+  }
+  return out;
+}
+
+std::string at_path(const std::string& path) {
+  return path.empty() ? std::string("the root") : "'" + path + "'";
+}
+
+}  // namespace
+
+Verdict release(const gen::TreeSpec& spec) {
+  return guarded("P14 release", [&] {
+    const auto built = gen::build(spec);
+    const auto plain = gen::build(spec, {c10::kDouble, 0, false});  // same seed: the values
+    const auto wrappers = wrappers_at(built);
+    std::vector<ModulePtr> held;
+    for (const auto& w : wrappers) held.push_back(w.kind->inner_of(*w.wrapper, w.path));
+
+    const auto root = release_wrappers(built.root);
+    const auto state = state_dict(root);
+    std::string key;
+    const auto diff = key_difference(state.keys(), built.original.keys(), key);
+    if (!diff.empty()) return fail("P14 release", "the released model's keys: " + diff, key);
+    for (size_t i = 0; i < state.size(); ++i) {
+      const auto& got = state[i];
+      if (!got.value().is_same(built.original[i].value())) {
+        return fail("P14 release", "not the model's own tensor after release (a copy?)", got.key());
+      }
+      const auto& want = plain.original[i].value();
+      if (got.value().sizes() != want.sizes() || !got.value().equal(want)) {
+        return fail("P14 release", "values differ after release", got.key());
+      }
+    }
+    if (tie_groups(state) != tie_groups(built.original)) {
+      return fail("P14 release", "ties differ after release", state[0].key());
+    }
+    for (const auto& item : root->named_modules()) {
+      if (const auto* kind = Registry::global().find(*item.value())) {
+        return fail("P14 release", "a " + kind->name + " is still on a path after release",
+                    item.key());
+      }
+    }
+    for (size_t i = 0; i < wrappers.size(); ++i) {
+      const auto& w = wrappers[i];
+      const auto now = find_child(*w.wrapper, w.kind->slot);
+      if (now != held[i]) {
+        return fail("P14 release",
+                    "the " + w.kind->name + " at " + at_path(w.path) +
+                        " no longer holds the module in its slot after release",
+                    detail::join_path(w.path, w.kind->slot));
+      }
+    }
+    const auto again = unwrap_reference(built.root).state_dict().keys();
+    const auto diff_again = key_difference(again, built.original.keys(), key);
+    if (!diff_again.empty()) {
+      return fail("P14 release",
+                  "after release the wrapped model unwraps to other keys: " + diff_again, key);
+    }
+    for (const int64_t batch : {1, 2}) {
+      const auto input = gen::sample_input(spec, c10::kDouble, 0, batch);
+      reset_calls(built);
+      const auto expected = step(plain.root, plain.original, input);
+      const auto got = step(root, built.original, input);
+      for (const auto& w : built.wrappers) {
+        if (w->calls() != 0) {
+          return fail("P14 release", "the released model still runs through a " + w->kind_name());
+        }
+      }
+      size_t where = 0;
+      if (!same_grads(got.second, expected.second, 0.0, where)) {
+        return fail(
+            "P14 release",
+            "a gradient of the released model differs (batch of " + std::to_string(batch) + ")",
+            built.original.keys()[where]);
+      }
+      if (!got.first.equal(expected.first)) {
+        return fail("P14 release",
+                    "the released model's output differs (batch of " + std::to_string(batch) + ")");
+      }
+    }
+    return pass("P14 release");
+  });
+}
+
+Verdict owned_state(const gen::TreeSpec& spec) {
+  return guarded("P15 owned state", [&] {
+    const auto built = gen::build(spec);
+    const auto wrappers = wrappers_at(built);
+    // First what is held at all: everything besides the slot must be declared by name.
+    for (const auto& w : wrappers) {
+      if (const auto stray = detail::stray_state(*w.wrapper, *w.kind)) {
+        return fail(
+            "P15 owned state",
+            w.kind->name + " holds a " + stray->what + " its kind does not declare in owned_state",
+            detail::join_path(w.path, stray->name));
+      }
+    }
+    // Then what is declared must be the wrapper's own: none of the model's modules (as seen
+    // through every wrapper's slot) and none of its tensors.
+    std::set<const torch::nn::Module*> model_modules;
+    const auto model = unwrap_reference(built.root);
+    for (size_t i = 0; i < model.size(); ++i) model_modules.insert(model.node(i).module.get());
+    std::set<const void*> model_tensors;
+    for (const auto& item : built.original)
+      model_tensors.insert(item.value().unsafeGetTensorImpl());
+    for (const auto& w : wrappers) {
+      const auto& kind = *w.kind;
+      auto where = [&](const std::string& name) { return detail::join_path(w.path, name); };
+      auto own_tensor = [&](const std::string& name, const torch::Tensor& t) {
+        return model_tensors.count(t.unsafeGetTensorImpl()) == 0
+                   ? pass("P15 owned state")
+                   : fail("P15 owned state",
+                          kind.name + " registers a tensor of the model as its own", where(name));
+      };
+      for (const auto& item : w.wrapper->named_parameters(/*recurse=*/false)) {
+        if (!item.value().defined()) continue;
+        if (auto v = own_tensor(item.key(), item.value()); !v.passed) return v;
+      }
+      for (const auto& item : w.wrapper->named_buffers(/*recurse=*/false)) {
+        if (!item.value().defined()) continue;
+        if (auto v = own_tensor(item.key(), item.value()); !v.passed) return v;
+      }
+      for (const auto& item : w.wrapper->named_children()) {
+        if (item.key() == kind.slot) continue;
+        const auto owned = ModuleView::of(item.value());
+        for (size_t i = 0; i < owned.size(); ++i) {
+          if (model_modules.count(owned.node(i).module.get())) {
+            return fail("P15 owned state",
+                        kind.name + " registers a module of the model a second time",
+                        where(item.key()));
+          }
+        }
+        for (const auto& t : state_dict(item.value())) {
+          if (auto v = own_tensor(item.key() + "." + t.key(), t.value()); !v.passed) return v;
+        }
+      }
+    }
+    return pass("P15 owned state");
+  });
+}
+
+Verdict aliases(const gen::TreeSpec& spec) {
+  return guarded("P16 aliases", [&] {
+    const auto built = gen::build(spec);
+    for (const auto& w : wrappers_at(built)) {
+      const auto in_slot = w.kind->inner_of(*w.wrapper, w.path);
+      for (const auto& alias : w.kind->aliases) {
+        ModulePtr reached;
+        try {
+          reached = w.kind->alias_of(*w.wrapper, alias, w.path);
+        } catch (...) {
+          detail::note_blame("the wrapper kind " + w.kind->name + " (resolving alias '" + alias +
+                             "')");
+          throw;
+        }
+        if (reached != in_slot) {
+          return fail("P16 aliases",
+                      w.kind->name + "'s alias '" + alias + "' reaches a " +
+                          python_type_name(*reached) + " that is not the module in its slot '" +
+                          w.kind->slot + "'",
+                      detail::join_path(w.path, alias));
+        }
+      }
+    }
+    return pass("P16 aliases");
+  });
+}
+
+const std::vector<GeneratedProperty>& generated_properties() {
+  static const std::vector<GeneratedProperty> table = [] {
+    auto on_subject = [](Verdict (*fn)(const gen::TreeSpec&, const UnwrapSubject&)) {
+      return [fn](const gen::TreeSpec& s, const UnwrapSubject& u, const Translator&) {
+        return fn(s, u);
+      };
+    };
+    auto on_kinds = [](Verdict (*fn)(const gen::TreeSpec&)) {
+      return
+          [fn](const gen::TreeSpec& s, const UnwrapSubject&, const Translator&) { return fn(s); };
+    };
+    auto any = [](gen::GenOptions&) {};
+    return std::vector<GeneratedProperty>{
+        {"P1 keys", "the unwrapped keys are the model's, in order", on_subject(keys), any},
+        {"P2 identity", "every tensor is the model's own", on_subject(identity), any},
+        {"P3 ties", "keys share tensors as before", on_subject(ties), any},
+        {"P4 backward", "outputs and gradients through the wrappers and without them",
+         on_subject(backward), any},
+        {"P5 non-mutation", "the wrapped model is left as it was", on_subject(non_mutation), any},
+        {"P6 laws", "u(M) is M; u(u(x)) is u(x)", on_subject(laws), any},
+        {"P7 legacy", "agrees with the legacy unwrap on a chain at the root",
+         on_subject(legacy_agreement), [](gen::GenOptions& o) { o.root_chain_only = true; }},
+        {"P8 translation", "wrapped keys translate one to one to the clean keys",
+         [](const gen::TreeSpec& s, const UnwrapSubject&, const Translator& t) {
+           return translation(s, t);
+         },
+         any},
+        {"P9 no false positives", "user modules named like slots are left alone",
+         on_subject(no_false_positives), [](gen::GenOptions& o) { o.wrappers = false; }},
+        {"P10 round trip", "what it saves loads into a fresh model, and a fresh wrapped one",
+         on_subject(round_trip), any},
+        {"P11 graph safety", "a cycle is an error, not a hang", on_subject(graph_safety), any},
+        {"P12 order", "every order of a wrapper stack unwraps alike",
+         [](const gen::TreeSpec& s, const UnwrapSubject& u, const Translator&) {
+           return order(s, u, *rc::gen::arbitrary<uint64_t>());
+         },
+         any},
+        {"P13 values", "shapes, dtypes and values are the model's", on_subject(values), any},
+        {"P14 release", "releasing every wrapper gives back the model itself", on_kinds(release),
+         any},
+        {"P15 owned state", "wrappers hold only declared state, none of it the model's",
+         on_kinds(owned_state), any},
+        {"P16 aliases", "every declared alias reaches the module in the slot", on_kinds(aliases),
+         any},
+    };
+  }();
+  return table;
+}
+
+}  // namespace wrapcert::props

@@ -1,0 +1,258 @@
+#include <wrapcert/certify/certify.h>
+
+#include <torch/version.h>
+#include <nlohmann/json.hpp>
+#include <pugixml.hpp>
+
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#ifndef WRAPCERT_VERSION
+#define WRAPCERT_VERSION "unknown"
+#endif
+
+namespace wrapcert::certify {
+namespace {
+
+/// Markdown table cells hold one line without pipes.
+std::string cell(std::string text) {
+  for (auto& c : text) {
+    if (c == '|') c = '/';
+    if (c == '\n') c = ' ';
+  }
+  return text;
+}
+
+/// Text as XML 1.0 can hold it: a character it forbids (control characters but tab, newline and
+/// carriage return; U+FFFE and U+FFFF) and every byte that is not part of valid UTF-8 become
+/// U+FFFD. Reasons and counterexamples carry what the code under certification printed, a
+/// Python traceback or a worker's stray bytes among it. (pugixml escapes markup, not these.)
+std::string xml_text(const std::string& text) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(text.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      const bool allowed = c >= 0x20 || c == '\t' || c == '\n' || c == '\r';
+      out += allowed ? std::string(1, static_cast<char>(c)) : kReplacement;
+      ++i;
+      continue;
+    }
+    // The length of a well-formed sequence starting with `c`, and its first continuation's range
+    // (Unicode's table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF).
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    }
+    bool valid = length > 0 && i + length <= n && s[i + 1] >= low && s[i + 1] <= high;
+    for (size_t k = 2; valid && k < length; ++k) valid = s[i + k] >= 0x80 && s[i + k] <= 0xBF;
+    if (!valid) {  // a stray byte: one replacement each
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // U+FFFE and U+FFFF are well-formed UTF-8 but no XML characters: one replacement each.
+    const bool noncharacter = length == 3 && c == 0xEF && s[i + 1] == 0xBF && s[i + 2] >= 0xBE;
+    if (noncharacter) {
+      out += kReplacement;
+    } else {
+      out.append(text, i, length);
+    }
+    i += length;
+  }
+  return out;
+}
+
+std::vector<std::string> kinds_in_order(const Report& report) {
+  std::vector<std::string> kinds;
+  for (const auto& e : report.entries) {
+    if (kinds.empty() || kinds.back() != e.kind) kinds.push_back(e.kind);
+  }
+  return kinds;
+}
+
+}  // namespace
+
+std::string to_summary(const Report& report) {
+  const auto kinds = kinds_in_order(report);
+  std::vector<std::pair<std::string, std::string>> rows;  // property, target, in order
+  std::map<std::pair<std::string, std::string>, std::map<std::string, Status>> results;
+  for (const auto& e : report.entries) {
+    const auto row = std::make_pair(e.property, e.target);
+    if (!results.count(row)) rows.push_back(row);
+    results[row][e.kind] = e.status;
+  }
+  std::ostringstream out;
+  out << "Certification, " << subject_name(report.options)
+      << " unwrap: " << report.count(Status::kPassed) << " passed, "
+      << report.count(Status::kFailed) << " failed, " << report.count(Status::kSkipped)
+      << " skipped (seed " << report.options.seed << ", " << report.options.cases
+      << " cases per property)\n\n"
+      << "| property | target |";
+  for (const auto& k : kinds) out << " " << k << " |";
+  out << "\n|---|---|";
+  for (size_t i = 0; i < kinds.size(); ++i) out << ":---:|";
+  out << "\n";
+  for (const auto& row : rows) {
+    out << "| " << row.first << " | " << row.second << " |";
+    for (const auto& k : kinds) {
+      const auto& r = results[row];
+      const auto it = r.find(k);
+      out << " "
+          << (it == r.end()                   ? ""
+              : it->second == Status::kPassed ? "pass"
+              : it->second == Status::kFailed ? "**FAIL**"
+                                              : "skip")
+          << " |";
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string to_markdown(const Report& report) {
+  std::ostringstream out;
+  out << "# wrapcert certification (" << subject_name(report.options) << " unwrap)\n\n"
+      << report.count(Status::kPassed) << " passed, " << report.count(Status::kFailed)
+      << " failed, " << report.count(Status::kSkipped) << " skipped; seed " << report.options.seed
+      << ", " << report.options.cases << " cases per property\n";
+  for (const auto& kind : kinds_in_order(report)) {
+    out << "\n## " << kind << "\n\n| property | target | result | cases | seconds | details |\n"
+        << "|---|---|---|---:|---:|---|\n";
+    for (const auto& e : report.entries) {
+      if (e.kind != kind) continue;
+      std::string details = e.reason;
+      if (!e.key.empty()) details += " (at `" + e.key + "`)";
+      out << "| " << e.property << " | " << e.target << " | "
+          << (e.status == Status::kFailed ? "**FAILED**" : to_string(e.status)) << " | " << e.cases
+          << " | " << std::fixed << std::setprecision(2) << e.seconds << " | " << cell(details)
+          << " |\n";
+    }
+    for (const auto& e : report.entries) {
+      if (e.kind != kind || e.counterexample.empty()) continue;
+      out << "\n" << e.property << " counterexample:\n\n```\n" << e.counterexample << "\n```\n";
+    }
+    for (const auto& e : report.entries) {
+      if (e.kind != kind || e.replay.empty()) continue;
+      out << "\nReplay " << e.property << " [" << e.target << "]: `" << e.replay << "`\n";
+    }
+  }
+  return out.str();
+}
+
+namespace {
+std::vector<std::string> model_names(const Options& options) {
+  std::vector<std::string> names;
+  for (const auto& model : options.models) names.push_back(model.name);
+  return names;
+}
+}  // namespace
+
+std::string to_json(const Report& report) {
+  nlohmann::json j;
+  j["context"] = {
+      {"wrapcert_version", WRAPCERT_VERSION},
+      {"libtorch_version", TORCH_VERSION},
+      {"seed", report.options.seed},
+      {"options",
+       {{"kinds", report.options.kinds},
+        {"fixtures", model_names(report.options)},
+        {"subject", subject_name(report.options)},
+        {"cases", report.options.cases},
+        {"max_size", report.options.max_size},
+        {"isolate", report.options.isolate},
+        {"timeout_seconds", report.options.timeout_seconds}}},
+  };
+  j["summary"] = {{"passed", report.count(Status::kPassed)},
+                  {"failed", report.count(Status::kFailed)},
+                  {"skipped", report.count(Status::kSkipped)}};
+  j["entries"] = nlohmann::json::array();
+  for (const auto& e : report.entries) {
+    j["entries"].push_back({{"kind", e.kind},
+                            {"property", e.property},
+                            {"target", e.target},
+                            {"status", to_string(e.status)},
+                            {"reason", e.reason},
+                            {"key", e.key},
+                            {"counterexample", e.counterexample},
+                            {"cases", e.cases},
+                            {"seconds", e.seconds},
+                            {"replay", e.replay}});
+  }
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+/// Seconds as JUnit readers show them: milliseconds, not 17 digits.
+std::string seconds_text(double seconds) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(3) << seconds;
+  return out.str();
+}
+
+}  // namespace
+
+std::string to_junit(const Report& report) {
+  pugi::xml_document doc;
+  auto decl = doc.append_child(pugi::node_declaration);
+  decl.append_attribute("version") = "1.0";
+  decl.append_attribute("encoding") = "UTF-8";
+  auto suites = doc.append_child("testsuites");
+  suites.append_attribute("name") = "wrapcert certify";
+  suites.append_attribute("tests") = static_cast<unsigned long long>(report.entries.size());
+  suites.append_attribute("failures") =
+      static_cast<unsigned long long>(report.count(Status::kFailed));
+  for (const auto& kind : kinds_in_order(report)) {
+    size_t tests = 0, failures = 0, skipped = 0;
+    double seconds = 0;
+    for (const auto& e : report.entries) {
+      if (e.kind != kind) continue;
+      ++tests;
+      failures += e.status == Status::kFailed;
+      skipped += e.status == Status::kSkipped;
+      seconds += e.seconds;
+    }
+    auto suite = suites.append_child("testsuite");
+    suite.append_attribute("name") = xml_text(kind).c_str();
+    suite.append_attribute("tests") = static_cast<unsigned long long>(tests);
+    suite.append_attribute("failures") = static_cast<unsigned long long>(failures);
+    suite.append_attribute("skipped") = static_cast<unsigned long long>(skipped);
+    suite.append_attribute("time") = seconds_text(seconds).c_str();
+    for (const auto& e : report.entries) {
+      if (e.kind != kind) continue;
+      auto test = suite.append_child("testcase");
+      test.append_attribute("classname") = xml_text(kind).c_str();
+      test.append_attribute("name") = xml_text(e.property + " [" + e.target + "]").c_str();
+      test.append_attribute("time") = seconds_text(e.seconds).c_str();
+      if (e.status == Status::kFailed) {
+        auto failure = test.append_child("failure");
+        failure.append_attribute("message") = xml_text(e.reason).c_str();
+        failure.text() =
+            xml_text(e.reason + (e.key.empty() ? "" : " at '" + e.key + "'") + "\n" +
+                     e.counterexample + (e.replay.empty() ? "" : "\nreplay: " + e.replay))
+                .c_str();
+      } else if (e.status == Status::kSkipped) {
+        test.append_child("skipped").append_attribute("message") = xml_text(e.reason).c_str();
+      }
+    }
+  }
+  std::ostringstream out;
+  doc.save(out, "  ", pugi::format_default | pugi::format_no_declaration);
+  return out.str();
+}
+
+}  // namespace wrapcert::certify

@@ -1,0 +1,391 @@
+#include <wrapcert/error.h>
+#include <wrapcert/io/checkpoint_file.h>
+#include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/io/detail/input_file.h>
+#include <wrapcert/io/detail/saved_identity.h>
+#include <wrapcert/io/detail/strict_json.h>
+#include <wrapcert/io/safetensors.h>
+#include <wrapcert/io/torch_save.h>
+#include <wrapcert/state_dict.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+namespace wrapcert {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+[[noreturn]] void damaged(const std::string& path, const std::string& key,
+                          const std::string& what) {
+  throw Error(ErrorCode::kMalformedInput, key, path + ": " + what);
+}
+
+[[noreturn]] void refuse(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, path, what);
+}
+
+constexpr uint64_t kMaxIndex = uint64_t{100} * 1024 * 1024;
+
+/// One file, by its content: safetensors starts with a header length and '{'.
+Checkpoint read_file(const std::string& path, const CheckpointReadOptions& options) {
+  Checkpoint out;
+  bool safetensors = false;
+  {
+    const detail::InputFile in(path);
+    char head[9] = {};
+    if (in.size() >= 9) in.read_at(0, head, 9);
+    safetensors = in.size() >= 9 && head[8] == '{';
+  }
+  if (safetensors) {
+    if (!options.entry.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, options.entry,
+                  path + ": a safetensors file has no nested entries");
+    }
+    out.state = options.data ? load_safetensors(path) : list_safetensors(path);
+    out.format = "safetensors";
+  } else {
+    auto saved = read_torch_save(path, {options.data, options.entry});
+    out.state = std::move(saved.state);
+    out.format = saved.format;
+    out.entry = saved.entry;
+    out.other_entries = std::move(saved.other_entries);
+  }
+  out.shards.push_back({path, keys(out.state)});
+  return out;
+}
+
+/// Appends the shards in order; a key in two shards is damage.
+Checkpoint merge(std::vector<Checkpoint> parts, const std::string& where) {
+  Checkpoint out;
+  std::unordered_map<std::string, std::string> shard_of;
+  for (auto& part : parts) {
+    if (out.format.empty()) out.format = part.format;
+    if (part.format != out.format) {
+      damaged(where, "", "shards of different formats (" + out.format + ", " + part.format + ")");
+    }
+    if (out.shards.empty()) {
+      out.entry = part.entry;
+      out.other_entries = part.other_entries;
+    }
+    const auto& file = part.shards.front().file;
+    for (const auto& item : part.state) {
+      const auto [it, fresh] = shard_of.emplace(item.key(), file);
+      if (!fresh)
+        damaged(where, item.key(), "the key is in two shards: " + it->second + " and " + file);
+      out.state.insert(item.key(), item.value());
+    }
+    out.shards.push_back(std::move(part.shards.front()));
+  }
+  return out;
+}
+
+Checkpoint read_index(const std::string& path, const CheckpointReadOptions& options) {
+  std::string text;
+  {
+    const detail::InputFile in(path);
+    if (in.size() > kMaxIndex) damaged(path, "", "an index larger than 100 MiB");
+    text.resize(in.size());
+    in.read_at(0, text.data(), text.size());
+  }
+  const auto weight_map = detail::parse_shard_index(text, path);
+  const auto folder = fs::path(path).parent_path();
+  std::vector<std::string> files;
+  std::unordered_map<std::string, std::string> placed;
+  for (const auto& [key, file] : weight_map) {
+    if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+    placed.emplace(key, file);
+  }
+  std::sort(files.begin(), files.end());  // shards in name order, as Hugging Face loads them
+  std::vector<Checkpoint> parts;
+  for (const auto& file : files) {
+    auto part = read_file((folder / file).string(), options);
+    for (const auto& item : part.state) {
+      const auto it = placed.find(item.key());
+      if (it == placed.end()) {
+        damaged(path, item.key(),
+                "the key is in shard " + file + " but missing from the weight_map");
+      }
+      if (it->second != file) {
+        damaged(path, item.key(),
+                "the key is in shard " + file + " but the weight_map places it in " + it->second);
+      }
+    }
+    for (const auto& [key, shard] : weight_map) {
+      if (shard == file && !part.state.contains(key)) {
+        damaged(path, key, "the weight_map places the key in shard " + file + ", which lacks it");
+      }
+    }
+    parts.push_back(std::move(part));
+  }
+  auto out = merge(std::move(parts), path);
+  out.index = path;
+  return out;
+}
+
+bool is_index_name(const std::string& name) {
+  return ends_with(name, ".index.json");
+}
+
+bool is_shard_name(const std::string& name) {
+  for (const char* ext : {".safetensors", ".bin", ".pt", ".pth"}) {
+    if (ends_with(name, ext)) return true;
+  }
+  return false;
+}
+
+Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& options) {
+  std::vector<std::string> indexes, shards;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(path, error)) {
+    const auto name = entry.path().filename().string();
+    if (is_index_name(name))
+      indexes.push_back(entry.path().string());
+    else if (is_shard_name(name))
+      shards.push_back(entry.path().string());
+  }
+  if (error) refuse(path, "cannot be listed: " + error.message());
+  std::sort(indexes.begin(), indexes.end());
+  std::sort(shards.begin(), shards.end());
+  if (indexes.size() > 1) {
+    damaged(path, "",
+            "a folder with " + std::to_string(indexes.size()) +
+                " index files; name the one to read (" + indexes[0] + ", " + indexes[1] + ")");
+  }
+  if (indexes.size() == 1) return read_index(indexes.front(), options);
+  if (shards.empty()) damaged(path, "", "a folder with no checkpoint file and no index");
+  std::vector<Checkpoint> parts;
+  parts.reserve(shards.size());
+  for (const auto& shard : shards) parts.push_back(read_file(shard, options));
+  return merge(std::move(parts), path);
+}
+
+std::string with_format_extension(const std::string& name, CheckpointFormat format) {
+  const std::string ext = format == CheckpointFormat::kSafetensors ? ".safetensors" : ".bin";
+  for (const char* old : {".safetensors", ".bin", ".pt", ".pth", ".ckpt"}) {
+    if (ends_with(name, old)) return name.substr(0, name.size() - std::strlen(old)) + ext;
+  }
+  return name + ext;
+}
+
+bool names_a_folder(const std::string& destination) {
+  struct stat st {};
+  return ends_with(destination, "/") ||
+         (::lstat(destination.c_str(), &st) == 0 && S_ISDIR(st.st_mode));
+}
+
+/// For a sharded checkpoint written to an index or a folder: the index's path and format.
+std::pair<std::string, CheckpointFormat> index_destination(const std::string& destination,
+                                                           const Checkpoint& checkpoint) {
+  if (!names_a_folder(destination)) return {destination, format_for(destination)};
+  const auto format = checkpoint.format == "safetensors" ? CheckpointFormat::kSafetensors
+                                                         : CheckpointFormat::kTorchSave;
+  const std::string name =
+      !checkpoint.index.empty()                  ? fs::path(checkpoint.index).filename().string()
+      : format == CheckpointFormat::kSafetensors ? "model.safetensors.index.json"
+                                                 : "pytorch_model.bin.index.json";
+  return {(fs::path(destination) / name).string(), format};
+}
+
+void write_one(const std::string& path, CheckpointFormat format, const StateDict& state) {
+  if (format == CheckpointFormat::kSafetensors) {
+    save_safetensors(path, state, {{"format", "pt"}});
+  } else {
+    save_torch_save(path, state);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> Checkpoint::files() const {
+  std::vector<std::string> out;
+  if (!index.empty()) out.push_back(index);
+  for (const auto& s : shards) out.push_back(s.file);
+  return out;
+}
+
+namespace detail {
+
+std::vector<std::pair<std::string, std::string>> parse_shard_index(const std::string& text,
+                                                                   const std::string& path) {
+  const auto j = parse_json_strictly(text, path, "the index");
+  if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
+    damaged(path, "", "an index needs a \"weight_map\" object");
+  }
+  if (j.contains("metadata") && !j.at("metadata").is_object()) {
+    damaged(path, "metadata", "the index's metadata is not an object");
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, value] : j.at("weight_map").items()) {
+    if (!value.is_string()) damaged(path, key, "the weight_map names no shard file for the key");
+    const auto file = value.get<std::string>();
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos) {
+      damaged(path, key, "the shard '" + file + "' is not a file name in the index's folder");
+    }
+    out.emplace_back(key, file);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  struct stat st {};
+  if (path.empty()) throw Error(ErrorCode::kInvalidArgument, "", "an empty checkpoint path");
+  if (::stat(path.c_str(), &st) != 0) {
+    refuse(path, std::string("cannot open it: ") + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) return read_folder(path, options);
+  if (!S_ISREG(st.st_mode))
+    refuse(path, "it is " + detail::describe_file_type(st.st_mode) + ", not a checkpoint file");
+  if (is_index_name(path)) return read_index(path, options);
+  return read_file(path, options);
+}
+
+std::vector<std::vector<std::string>> storage_ties(const StateDict& state) {
+  std::map<detail::SavedIdentity, std::vector<std::string>> groups;
+  std::vector<const std::vector<std::string>*> order;
+  for (const auto& item : state) {
+    auto& group = groups[detail::saved_identity(item.value())];
+    if (group.empty()) order.push_back(&group);
+    group.push_back(item.key());
+  }
+  std::vector<std::vector<std::string>> out;
+  for (const auto* group : order) {
+    if (group->size() > 1) out.push_back(*group);
+  }
+  return out;
+}
+
+CheckpointFormat format_for(const std::string& destination) {
+  for (const char* ext : {".safetensors", ".safetensors.index.json"}) {
+    if (ends_with(destination, ext)) return CheckpointFormat::kSafetensors;
+  }
+  for (const char* ext : {".pt", ".pth", ".bin", ".ckpt", ".bin.index.json", ".pt.index.json"}) {
+    if (ends_with(destination, ext)) return CheckpointFormat::kTorchSave;
+  }
+  refuse(destination,
+         "has no checkpoint extension: name it *.safetensors, or *.pt, *.pth, *.bin or *.ckpt "
+         "for torch.save (a sharded checkpoint: *.safetensors.index.json, *.bin.index.json or a "
+         "folder)");
+}
+
+std::vector<std::string> planned_files(const std::string& destination,
+                                       const Checkpoint& checkpoint) {
+  if (!checkpoint.sharded() || (!names_a_folder(destination) && !is_index_name(destination))) {
+    if (names_a_folder(destination)) refuse(destination, "is a folder; name the file to write");
+    if (is_index_name(destination)) {
+      refuse(destination, "names an index, but the checkpoint is a single file");
+    }
+    return {destination};
+  }
+  const auto [index, format] = index_destination(destination, checkpoint);
+  const auto folder = fs::path(index).parent_path();
+  std::vector<std::string> out;
+  for (const auto& shard : checkpoint.shards) {
+    out.push_back((folder / with_format_extension(fs::path(shard.file).filename().string(), format))
+                      .string());
+  }
+  out.push_back(index);
+  return out;
+}
+
+void check_destination(const std::string& destination, const std::vector<std::string>& inputs,
+                       bool in_place) {
+  if (destination.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "", "an empty destination: name the file to write");
+  }
+  struct stat st {};
+  const bool exists = ::lstat(destination.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
+    refuse(destination, "is " + detail::describe_file_type(st.st_mode) +
+                            ", not a regular file: wrapcert writes only regular files and new "
+                            "paths");
+  }
+  (void)format_for(destination);
+  auto parent = fs::path(destination).parent_path();
+  if (parent.empty()) parent = ".";
+  struct stat folder {};
+  if (::stat(parent.c_str(), &folder) != 0 || !S_ISDIR(folder.st_mode)) {
+    refuse(destination, "lies in a folder that does not exist");
+  }
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+    refuse(destination, std::string("cannot be written: its folder is not writable (") +
+                            std::strerror(errno) + ")");
+  }
+  if (!exists) return;
+  for (const auto& input : inputs) {
+    struct stat in {};
+    if (::stat(input.c_str(), &in) == 0 && in.st_dev == st.st_dev && in.st_ino == st.st_ino &&
+        !in_place) {
+      refuse(destination,
+             "is the checkpoint being read; write elsewhere, or pass --in-place to replace it");
+    }
+  }
+}
+
+void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint) {
+  const auto files = planned_files(destination, checkpoint);
+  if (files.size() == 1) {
+    write_one(destination, format_for(destination), checkpoint.state);
+    return;
+  }
+  const auto [index, format] = index_destination(destination, checkpoint);
+  std::map<std::string, std::string> weight_map;  // sorted, as Hugging Face writes indexes
+  uint64_t total = 0;
+  std::set<detail::SavedIdentity> counted;
+  for (size_t s = 0; s < checkpoint.shards.size(); ++s) {
+    StateDict part;
+    const auto name = fs::path(files[s]).filename().string();
+    for (const auto& key : checkpoint.shards[s].keys) {
+      const auto& t = checkpoint.state[key];
+      part.insert(key, t);
+      weight_map[key] = name;
+      if (counted.insert(detail::saved_identity(t)).second) total += t.nbytes();
+    }
+    write_one(files[s], format, part);
+  }
+  const nlohmann::ordered_json out = {{"metadata", {{"total_size", total}}},
+                                      {"weight_map", weight_map}};
+  write_file_atomically(index, out.dump(2) + "\n");
+}
+
+Checkpoint rename_keys(const Checkpoint& checkpoint,
+                       const std::vector<std::pair<std::string, std::string>>& renames) {
+  std::unordered_map<std::string, std::string> to(renames.begin(), renames.end());
+  auto renamed = [&to](const std::string& key) {
+    const auto it = to.find(key);
+    return it == to.end() ? key : it->second;
+  };
+  Checkpoint out = checkpoint;
+  out.state = StateDict();
+  for (const auto& item : checkpoint.state) {
+    const auto key = renamed(item.key());
+    if (out.state.contains(key)) {
+      throw Error(ErrorCode::kKeyCollision, key, "two keys would both be renamed to '" + key + "'");
+    }
+    out.state.insert(key, item.value());
+  }
+  for (auto& shard : out.shards) {
+    for (auto& key : shard.keys) key = renamed(key);
+  }
+  return out;
+}
+
+}  // namespace wrapcert

@@ -1,0 +1,273 @@
+#include <wrapcert/error.h>
+#include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/io/detail/input_file.h>
+#include <wrapcert/io/detail/saved_identity.h>
+#include <wrapcert/io/detail/strict_json.h>
+#include <wrapcert/io/safetensors.h>
+
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace wrapcert {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxHeader = uint64_t{100} * 1024 * 1024;  // what Hugging Face's reader accepts
+
+const std::vector<std::pair<std::string, c10::ScalarType>>& dtypes() {
+  static const std::vector<std::pair<std::string, c10::ScalarType>> table = {
+      {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf},  {"BF16", c10::kBFloat16},
+      {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
+      {"U8", c10::kByte},    {"BOOL", c10::kBool}};
+  return table;
+}
+
+Error damaged(const std::string& path, const std::string& key, const std::string& what) {
+  return Error(ErrorCode::kMalformedInput, key, path + ": " + what);
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  const detail::InputFile in(path);
+  SafetensorsHeader header;
+  header.file_size = in.size();
+  if (header.file_size < 8) throw damaged(path, "", "shorter than the 8-byte header length");
+  unsigned char length_bytes[8];
+  in.read_at(0, length_bytes, 8);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
+  if (length > kMaxHeader) {
+    throw damaged(path, "",
+                  "header length " + std::to_string(length) + " exceeds the limit of " +
+                      std::to_string(kMaxHeader) + " bytes");
+  }
+  if (length > header.file_size - 8) {
+    throw damaged(path, "",
+                  "header length " + std::to_string(length) + " exceeds the file (" +
+                      std::to_string(header.file_size) + " bytes)");
+  }
+  std::string text(length, '\0');
+  in.read_at(8, text.data(), length);
+  header.data_offset = 8 + length;
+  const uint64_t data_size = header.file_size - header.data_offset;
+
+  const auto j = detail::parse_json_strictly(text, path, "the header");
+  if (!j.is_object()) throw damaged(path, "", "the header is not a JSON object");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) throw damaged(path, key, "__metadata__ is not an object");
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string()) throw damaged(path, key + "." + k, "metadata values must be strings");
+        header.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
+        !value.contains("data_offsets")) {
+      throw damaged(path, key, "an entry needs dtype, shape and data_offsets");
+    }
+    SafetensorsEntry entry;
+    entry.key = key;
+    const auto dtype_name = value["dtype"].is_string() ? value["dtype"].get<std::string>() : "";
+    const auto found = std::find_if(dtypes().begin(), dtypes().end(),
+                                    [&](const auto& d) { return d.first == dtype_name; });
+    if (found == dtypes().end()) throw damaged(path, key, "unknown dtype '" + dtype_name + "'");
+    entry.dtype = found->second;
+    if (!value["shape"].is_array()) throw damaged(path, key, "shape is not a list");
+    uint64_t numel = 1;
+    for (const auto& d : value["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+        throw damaged(path, key, "shape holds something other than a non-negative integer");
+      }
+      entry.shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d.get<int64_t>()), &numel)) {
+        throw damaged(path, key, "the shape's element count overflows");
+      }
+    }
+    const auto& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      throw damaged(path, key, "data_offsets must be two non-negative integers");
+    }
+    entry.begin = offsets[0].get<uint64_t>();
+    entry.end = offsets[1].get<uint64_t>();
+    if (entry.begin > entry.end || entry.end > data_size) {
+      throw damaged(path, key,
+                    "data offsets [" + std::to_string(entry.begin) + ", " +
+                        std::to_string(entry.end) + ") lie outside the " +
+                        std::to_string(data_size) + "-byte data section");
+    }
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, c10::elementSize(entry.dtype), &bytes) ||
+        numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw damaged(path, key, "the shape's size in bytes overflows");
+    }
+    if (entry.end - entry.begin != bytes) {
+      throw damaged(path, key,
+                    "data offsets span " + std::to_string(entry.end - entry.begin) +
+                        " bytes, the dtype and shape need " + std::to_string(bytes));
+    }
+    ranges.emplace_back(entry.begin, entry.end);
+    header.tensors.push_back(std::move(entry));
+  }
+  std::vector<size_t> order(header.tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+  // As the safetensors library requires: the tensors tile the data section, no overlap, no
+  // gap, nothing after the last one.
+  uint64_t end = 0;
+  const SafetensorsEntry* before = nullptr;
+  for (size_t i : order) {
+    const auto& cur = header.tensors[i];
+    if (cur.begin < end && cur.begin != cur.end) {
+      throw damaged(path, cur.key, "its data overlaps '" + before->key + "'");
+    }
+    if (cur.begin > end) {
+      throw damaged(path, cur.key,
+                    std::to_string(cur.begin - end) + " bytes before its data belong to no tensor");
+    }
+    if (cur.end > end) {
+      end = cur.end;
+      before = &cur;
+    }
+  }
+  if (end != data_size) {
+    throw damaged(path, "",
+                  std::to_string(data_size - end) +
+                      " bytes follow the last tensor's data and belong to no tensor");
+  }
+  return header;
+}
+
+std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHeader& header,
+                                                            const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto order = header.metadata.find("wrapcert.order");
+  if (order == header.metadata.end()) {
+    for (const auto& e : header.tensors) out.emplace_back(e.key, e.key);
+    return out;
+  }
+  std::unordered_set<std::string> stored;
+  for (const auto& e : header.tensors) stored.insert(e.key);
+  const auto aliases = header.metadata.find("wrapcert.aliases");
+  std::unordered_set<std::string> seen;
+  try {
+    const auto keys = nlohmann::json::parse(order->second);
+    const auto alias = aliases == header.metadata.end() ? nlohmann::json::object()
+                                                        : nlohmann::json::parse(aliases->second);
+    for (const auto& k : keys) {
+      const auto key = k.get<std::string>();
+      const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
+      if (!stored.count(target)) throw damaged(path, key, "an alias of a tensor the file lacks");
+      if (!seen.insert(key).second) throw damaged(path, key, "the key is listed twice");
+      out.emplace_back(key, target);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
+  }
+  // The listing may not hide a stored tensor: each is saved under some key.
+  std::unordered_set<std::string> reached;
+  for (const auto& [key, target] : out) reached.insert(target);
+  for (const auto& e : header.tensors) {
+    if (!reached.count(e.key)) {
+      throw damaged(path, e.key, "stored in the file but missing from wrapcert.order");
+    }
+  }
+  return out;
+}
+
+namespace {
+
+StateDict read_safetensors(const std::string& path, bool data) {
+  const auto header = read_safetensors_header(path);
+  const auto saved = saved_keys(header, path);
+  std::unique_ptr<detail::InputFile> in;
+  if (data) in = std::make_unique<detail::InputFile>(path);
+  std::unordered_map<std::string, torch::Tensor> stored;
+  for (const auto& e : header.tensors) {
+    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype).device(
+                                       data ? c10::Device(c10::kCPU) : c10::Device(c10::kMeta)));
+    if (data && e.end > e.begin)
+      in->read_at(header.data_offset + e.begin, t.data_ptr(), e.end - e.begin);
+    stored.emplace(e.key, t);
+  }
+  StateDict state;
+  for (const auto& [key, target] : saved) state.insert(key, stored.at(target));
+  return state;
+}
+
+}  // namespace
+
+StateDict load_safetensors(const std::string& path) {
+  return read_safetensors(path, true);
+}
+
+StateDict list_safetensors(const std::string& path) {
+  return read_safetensors(path, false);
+}
+
+void save_safetensors(const std::string& path, const StateDict& state,
+                      const std::map<std::string, std::string>& metadata) {
+  ordered_json header = ordered_json::object();
+  nlohmann::json order = nlohmann::json::array();
+  nlohmann::json aliases = nlohmann::json::object();
+  std::map<detail::SavedIdentity, std::string> first_key;
+  std::vector<torch::Tensor> blobs;
+  uint64_t offset = 0;
+  ordered_json entries = ordered_json::object();
+  for (const auto& item : state) {
+    order.push_back(item.key());
+    auto identity = detail::saved_identity(item.value());
+    if (auto it = first_key.find(identity); it != first_key.end()) {
+      aliases[item.key()] = it->second;  // a tied weight: stored once
+      continue;
+    }
+    first_key.emplace(std::move(identity), item.key());
+    if (item.value().is_meta()) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(),
+                  "a tensor on the meta device has no data to save");
+    }
+    const auto t = item.value().detach().to(torch::kCPU).contiguous();
+    const auto name = std::find_if(dtypes().begin(), dtypes().end(),
+                                   [&](const auto& d) { return d.second == t.scalar_type(); });
+    if (name == dtypes().end()) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(), "safetensors has no dtype for it");
+    }
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    entries[item.key()] = {{"dtype", name->first},
+                           {"shape", t.sizes().vec()},
+                           {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    blobs.push_back(t);
+  }
+  ordered_json meta = ordered_json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  meta["wrapcert.order"] = order.dump();
+  if (!aliases.empty()) meta["wrapcert.aliases"] = aliases.dump();
+  header["__metadata__"] = meta;
+  for (const auto& [k, v] : entries.items()) header[k] = v;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the data section, as HF does
+
+  write_file_atomically(path, [&](std::ostream& out) {
+    uint64_t length = text.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xff));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& t : blobs) {
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * t.element_size()));
+    }
+  });
+}
+
+}  // namespace wrapcert

@@ -1,0 +1,855 @@
+#include <wrapcert/error.h>
+#include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/io/detail/input_file.h>
+#include <wrapcert/io/detail/pickle.h>
+#include <wrapcert/io/torch_save.h>
+
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/types.h>
+#include <zip.h>
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+namespace wrapcert {
+namespace {
+
+/// A value on the pickle machine's stack. Classes the reader does not know are not called: they
+/// become opaque objects, an error only where a tensor is expected.
+struct Value {
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kTuple,
+    kList,
+    kDict,
+    kGlobal,
+    kTensor,
+    kObject,
+    kMark
+  };
+  Kind kind = Kind::kNone;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;              // string, "module name" of a global, class of an object
+  std::vector<Value*> items;  // tuple, list, set
+  std::vector<std::pair<Value*, Value*>> dict;
+  torch::Tensor tensor;  // on meta
+  size_t storage = 0;    // the tensor's storage, an index into the reader's storages
+};
+// Values live in the reader's arena and point at each other without owning: a pickle may build
+// a list that contains itself, or nest a million tuples, and neither leaks nor recurses.
+using Ptr = Value*;
+
+std::string describe(const Value* v) {
+  switch (v->kind) {
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return "a bool";
+    case Value::Kind::kInt:
+      return "an int";
+    case Value::Kind::kFloat:
+      return "a float";
+    case Value::Kind::kString:
+      return "a string";
+    case Value::Kind::kTuple:
+      return "a tuple";
+    case Value::Kind::kList:
+      return "a list";
+    case Value::Kind::kDict:
+      return "a dict";
+    case Value::Kind::kGlobal:
+      return "the class '" + v->s + "'";
+    case Value::Kind::kTensor:
+      return "a tensor";
+    case Value::Kind::kObject:
+      return "an object of '" + v->s + "'";
+    case Value::Kind::kMark:
+      return "a mark";
+  }
+  return "a value";
+}
+
+const std::map<std::string, c10::ScalarType>& storage_types() {
+  static const std::map<std::string, c10::ScalarType> table = {
+      {"torch FloatStorage", c10::kFloat}, {"torch DoubleStorage", c10::kDouble},
+      {"torch HalfStorage", c10::kHalf},   {"torch BFloat16Storage", c10::kBFloat16},
+      {"torch LongStorage", c10::kLong},   {"torch IntStorage", c10::kInt},
+      {"torch ShortStorage", c10::kShort}, {"torch CharStorage", c10::kChar},
+      {"torch ByteStorage", c10::kByte},   {"torch BoolStorage", c10::kBool}};
+  return table;
+}
+
+/// Runs one pickle from `data[pos]` to its STOP. Storages become meta tensors recorded in
+/// `storages` (shared across the pickles of one file).
+class Reader {
+ public:
+  Reader(std::string path, const char* data, size_t size, size_t pos,
+         std::vector<detail::PickledStorage>& storages)
+      : path_(std::move(path)), data_(data), size_(size), pos_(pos), storages_(storages) {}
+
+  size_t pos() const { return pos_; }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(ErrorCode::kMalformedInput, key, path_ + ": " + what);
+  }
+
+  Ptr run() {
+    while (true) {
+      const auto op = static_cast<unsigned char>(byte());
+      switch (op) {
+        case 0x80:
+          byte();
+          break;  // PROTO
+        case 0x95:
+          bytes(8);
+          break;  // FRAME
+        case 0x94:
+          memo_[memo_.size()] = top();
+          break;  // MEMOIZE
+        case '.':
+          return pop();  // STOP
+        case '(':
+          push(make(Value::Kind::kMark));
+          break;
+        case '0':
+          pop();
+          break;  // POP
+        case '1':
+          pop_to_mark();
+          break;  // POP_MARK
+        case '2':
+          push(top());
+          break;  // DUP
+        case 'N':
+          push(make(Value::Kind::kNone));
+          break;
+        case 0x88:
+          push_bool(true);
+          break;
+        case 0x89:
+          push_bool(false);
+          break;
+        case 'K':
+          push_int(static_cast<unsigned char>(byte()));
+          break;
+        case 'M':
+          push_int(static_cast<int64_t>(uint_le(2)));
+          break;
+        case 'J':
+          push_int(static_cast<int32_t>(uint_le(4)));
+          break;
+        case 0x8a:
+          push_long(static_cast<unsigned char>(byte()));
+          break;
+        case 0x8b:
+          push_long(uint_le(4));
+          break;
+        case 'G':
+          push_float();
+          break;
+        case 'X':  // BINUNICODE
+        case 'T':  // BINSTRING
+        case 'B':  // BINBYTES
+          push_string(uint_le(4));
+          break;
+        case 0x8c:  // SHORT_BINUNICODE
+        case 'U':   // SHORT_BINSTRING
+        case 'C':   // SHORT_BINBYTES
+          push_string(static_cast<unsigned char>(byte()));
+          break;
+        case 0x8d:  // BINUNICODE8
+        case 0x8e:  // BINBYTES8
+          push_string(uint_le(8));
+          break;
+        case 'c':
+          push_global();
+          break;
+        case 0x93: {  // STACK_GLOBAL
+          auto name = pop();
+          auto module = pop();
+          if (name->kind != Value::Kind::kString || module->kind != Value::Kind::kString) {
+            fail("", "STACK_GLOBAL of something that is not two strings");
+          }
+          auto v = make(Value::Kind::kGlobal);
+          v->s = module->s + " " + name->s;
+          push(v);
+          break;
+        }
+        case 'q':
+          memo_[static_cast<unsigned char>(byte())] = top();
+          break;
+        case 'r':
+          memo_[uint_le(4)] = top();
+          break;
+        case 'h':
+          push(memo(static_cast<unsigned char>(byte())));
+          break;
+        case 'j':
+          push(memo(uint_le(4)));
+          break;
+        case ')':
+          push(make(Value::Kind::kTuple));
+          break;
+        case ']':
+          push(make(Value::Kind::kList));
+          break;
+        case '}':
+          push(make(Value::Kind::kDict));
+          break;
+        case 0x8f:  // EMPTY_SET
+          push(make_object("builtins set"));
+          break;
+        case 0x90: {  // ADDITEMS
+          auto items = pop_to_mark();
+          for (auto& v : items) top()->items.push_back(v);
+          break;
+        }
+        case 0x91: {  // FROZENSET
+          auto set = make_object("builtins frozenset");
+          set->items = pop_to_mark();
+          push(set);
+          break;
+        }
+        case 't':
+          push(tuple(pop_to_mark()));
+          break;
+        case 0x85:
+        case 0x86:
+        case 0x87: {
+          std::vector<Ptr> items(static_cast<size_t>(op - 0x84));
+          for (auto it = items.rbegin(); it != items.rend(); ++it) *it = pop();
+          push(tuple(std::move(items)));
+          break;
+        }
+        case 'a': {
+          auto v = pop();
+          top()->items.push_back(v);
+          break;
+        }
+        case 'e': {
+          auto items = pop_to_mark();
+          for (auto& v : items) top()->items.push_back(v);
+          break;
+        }
+        case 's': {
+          auto v = pop();
+          auto k = pop();
+          set_item(top(), k, v);
+          break;
+        }
+        case 'u': {
+          auto items = pop_to_mark();
+          if (items.size() % 2) fail("", "SETITEMS with an odd number of values");
+          for (size_t i = 0; i < items.size(); i += 2) set_item(top(), items[i], items[i + 1]);
+          break;
+        }
+        case 'b':
+          pop();
+          break;  // BUILD: an object's state (an OrderedDict's `_metadata`); not needed
+        case 'R': {
+          auto args = pop();
+          auto fn = pop();
+          push(reduce(fn, args));
+          break;
+        }
+        case 0x81: {  // NEWOBJ
+          pop();
+          auto cls = pop();
+          push(make_object(cls->kind == Value::Kind::kGlobal ? cls->s : "?"));
+          break;
+        }
+        case 0x92: {  // NEWOBJ_EX
+          pop();
+          pop();
+          auto cls = pop();
+          push(make_object(cls->kind == Value::Kind::kGlobal ? cls->s : "?"));
+          break;
+        }
+        case 'Q':
+          push(persistent(pop()));
+          break;
+        default:
+          fail("",
+               "unsupported pickle opcode 0x" + hex(op) + " at byte " + std::to_string(pos_ - 1));
+      }
+    }
+  }
+
+ private:
+  static std::string hex(unsigned v) {
+    const char* digits = "0123456789abcdef";
+    return std::string{digits[v >> 4], digits[v & 15]};
+  }
+  char byte() {
+    if (pos_ >= size_) fail("", "the pickle ends early");
+    return data_[pos_++];
+  }
+  std::string bytes(uint64_t n) {
+    if (n > size_ - pos_) fail("", "the pickle ends early");
+    std::string out(data_ + pos_, n);
+    pos_ += n;
+    return out;
+  }
+  uint64_t uint_le(size_t n) {
+    const auto b = bytes(n);
+    uint64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(b[i]);
+    return v;
+  }
+  void push(Ptr v) { stack_.push_back(v); }
+  Ptr pop() {
+    if (stack_.empty()) fail("", "the pickle pops an empty stack");
+    auto* v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  Ptr top() {
+    if (stack_.empty()) fail("", "the pickle reads an empty stack");
+    return stack_.back();
+  }
+  Ptr memo(uint64_t i) {
+    auto it = memo_.find(i);
+    if (it == memo_.end()) fail("", "the pickle refers to an unknown memo entry");
+    return it->second;
+  }
+  std::vector<Ptr> pop_to_mark() {
+    std::vector<Ptr> items;
+    while (true) {
+      auto v = pop();
+      if (v->kind == Value::Kind::kMark) break;
+      items.push_back(v);
+    }
+    return {items.rbegin(), items.rend()};
+  }
+  Ptr make(Value::Kind kind) {
+    arena_.push_back(std::make_unique<Value>());
+    arena_.back()->kind = kind;
+    return arena_.back().get();
+  }
+  Ptr make_object(const std::string& cls) {
+    auto v = make(Value::Kind::kObject);
+    v->s = cls;
+    return v;
+  }
+  Ptr tuple(std::vector<Ptr> items) {
+    auto t = make(Value::Kind::kTuple);
+    t->items = std::move(items);
+    return t;
+  }
+  void push_bool(bool b) {
+    auto v = make(Value::Kind::kBool);
+    v->i = b;
+    push(v);
+  }
+  void push_int(int64_t i) {
+    auto v = make(Value::Kind::kInt);
+    v->i = i;
+    push(v);
+  }
+  void push_long(uint64_t n) {
+    const auto b = bytes(n);
+    if (n > 8) {  // not a size or an offset: kept as an opaque number
+      push(make_object("builtins int"));
+      return;
+    }
+    int64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(b[i]);
+    if (n > 0 && n < 8 && (static_cast<unsigned char>(b[n - 1]) & 0x80)) v -= int64_t{1} << (8 * n);
+    push_int(v);
+  }
+  void push_float() {
+    auto b = bytes(8);  // big-endian IEEE 754
+    uint64_t bits = 0;
+    for (unsigned char c : b) bits = (bits << 8) | c;
+    auto v = make(Value::Kind::kFloat);
+    std::memcpy(&v->f, &bits, sizeof(double));
+    push(v);
+  }
+  void push_string(uint64_t n) {
+    auto v = make(Value::Kind::kString);
+    v->s = bytes(n);
+    push(v);
+  }
+  void push_global() {
+    auto line = [this] {
+      std::string out;
+      for (char c = byte(); c != '\n'; c = byte()) out += c;
+      return out;
+    };
+    auto v = make(Value::Kind::kGlobal);
+    v->s = line();
+    v->s += " " + line();
+    push(v);
+  }
+  void set_item(const Ptr& dict, const Ptr& key, const Ptr& value) {
+    if (dict->kind != Value::Kind::kDict) fail("", "SETITEM on something that is not a dict");
+    dict->dict.emplace_back(key, value);
+  }
+
+  Ptr reduce(const Ptr& fn, const Ptr& args) {
+    if (fn->kind != Value::Kind::kGlobal) fail("", "REDUCE of something that is not a class");
+    if (fn->s == "collections OrderedDict") return make(Value::Kind::kDict);
+    if (fn->s == "torch.jit._pickle restore_type_tag") {  // what LibTorch's pickler writes
+      if (args->kind != Value::Kind::kTuple || args->items.empty()) fail("", "a malformed tag");
+      return args->items[0];
+    }
+    if (fn->s == "torch._utils _rebuild_parameter") {
+      if (args->kind != Value::Kind::kTuple || args->items.empty() ||
+          args->items[0]->kind != Value::Kind::kTensor) {
+        fail("", "a malformed parameter");
+      }
+      return args->items[0];
+    }
+    if (fn->s == "torch._utils _rebuild_tensor_v2") return rebuild_tensor(args);
+    // Anything else (an optimizer's hyper-parameters in a class, a set, a quantized tensor) is
+    // kept unexecuted; it is an error only where the state dict needs a tensor.
+    return make_object(fn->s);
+  }
+
+  Ptr rebuild_tensor(const Ptr& args) {
+    if (args->kind != Value::Kind::kTuple) fail("", "REDUCE arguments that are not a tuple");
+    const auto& a = args->items;
+    if (a.size() < 4 || a[0]->kind != Value::Kind::kTensor || a[1]->kind != Value::Kind::kInt ||
+        a[2]->kind != Value::Kind::kTuple || a[3]->kind != Value::Kind::kTuple ||
+        a[2]->items.size() != a[3]->items.size()) {
+      fail("", "a malformed tensor (storage, offset, size and stride of one length expected)");
+    }
+    std::vector<int64_t> size, stride;
+    for (const auto* d : a[2]->items) size.push_back(non_negative(d, "a size"));
+    for (const auto* d : a[3]->items) stride.push_back(non_negative(d, "a stride"));
+    const int64_t offset = non_negative(a[1], "a storage offset");
+    const auto& storage = a[0]->tensor;
+    // The last element the view reaches must lie inside the storage.
+    bool empty = false;
+    int64_t last = offset;
+    for (size_t d = 0; d < size.size(); ++d) {
+      empty = empty || size[d] == 0;
+      int64_t step = 0;
+      if (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &step) ||
+                          __builtin_add_overflow(last, step, &last))) {
+        fail("", "a tensor whose extent overflows");
+      }
+    }
+    if (!empty && last >= storage.numel()) fail("", "a tensor reaches past its storage");
+    auto v = make(Value::Kind::kTensor);
+    v->tensor = storage.as_strided(size, stride, offset);
+    v->storage = a[0]->storage;
+    return v;
+  }
+
+  int64_t non_negative(const Value* v, const char* what) {
+    if (v->kind != Value::Kind::kInt || v->i < 0) {
+      fail("", std::string(what) + " that is not a non-negative integer");
+    }
+    return v->i;
+  }
+
+  Ptr persistent(const Ptr& pid) {
+    const auto& p = pid->items;
+    if (pid->kind != Value::Kind::kTuple || p.size() < 5 || p[0]->kind != Value::Kind::kString ||
+        p[0]->s != "storage" || p[1]->kind != Value::Kind::kGlobal ||
+        p[2]->kind != Value::Kind::kString) {
+      fail("", "an unsupported persistent id");
+    }
+    const auto type = storage_types().find(p[1]->s);
+    if (type == storage_types().end()) fail("", "unsupported storage type '" + p[1]->s + "'");
+    const auto& key = p[2]->s;
+    if (auto it = by_key_.find(key); it != by_key_.end()) return it->second;
+    const int64_t numel = non_negative(p[4], "a storage size");
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(type->second)),
+                               &bytes)) {
+      fail("", "storage " + key + " has a size that overflows");
+    }
+    auto v = make(Value::Kind::kTensor);
+    v->tensor =
+        torch::empty({numel}, torch::TensorOptions().dtype(type->second).device(c10::kMeta));
+    v->storage = storages_.size();
+    for (const auto& s : storages_) {
+      if (s.key == key) fail("", "storage " + key + " is named twice");
+    }
+    storages_.push_back({key, type->second, numel});
+    by_key_.emplace(key, v);
+    return v;
+  }
+
+  std::string path_;
+  std::vector<std::unique_ptr<Value>> arena_;
+  const char* data_;
+  size_t size_;
+  size_t pos_;
+  std::vector<Ptr> stack_;
+  std::unordered_map<uint64_t, Ptr> memo_;
+  std::unordered_map<std::string, Ptr> by_key_;
+  std::vector<detail::PickledStorage>& storages_;
+};
+
+bool is_state_dict(const Value* v) {
+  if (v->kind != Value::Kind::kDict) return false;
+  for (const auto& [k, value] : v->dict) {
+    if (k->kind != Value::Kind::kString || value->kind != Value::Kind::kTensor) return false;
+  }
+  return true;
+}
+
+std::string key_text(const Value* k) {
+  return k->kind == Value::Kind::kString ? k->s
+         : k->kind == Value::Kind::kInt  ? std::to_string(k->i)
+                                         : "<" + describe(k) + ">";
+}
+
+const Value* find_entry(const Value* dict, const std::string& name) {
+  for (const auto& [k, v] : dict->dict) {
+    if (k->kind == Value::Kind::kString && k->s == name) return v;
+  }
+  return nullptr;
+}
+
+std::string entry_names(const Value* dict) {
+  std::string out;
+  for (const auto& [k, v] : dict->dict) out += (out.empty() ? "" : ", ") + key_text(k);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+namespace detail {
+
+const std::vector<std::string>& usual_state_dict_entries() {
+  static const std::vector<std::string> names = {"state_dict", "model", "module",
+                                                 "model_state_dict"};
+  return names;
+}
+
+PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std::string& path,
+                                        const std::string& entry) {
+  PickledStateDict out;
+  Reader reader(path, data, size, 0, out.storages);
+  const Value* root = reader.run();
+  out.end = reader.pos();
+  if (root->kind != Value::Kind::kDict)
+    reader.fail("", "the file holds " + describe(root) + ", not a dict");
+  const Value* chosen = root;
+  if (!entry.empty()) {
+    std::string walked;
+    for (size_t begin = 0; begin <= entry.size();) {
+      const auto dot = std::min(entry.find('.', begin), entry.size());
+      const auto name = entry.substr(begin, dot - begin);
+      if (chosen->kind != Value::Kind::kDict) {
+        reader.fail(walked, "entry '" + walked + "' holds " + describe(chosen) + ", not a dict");
+      }
+      const Value* next = find_entry(chosen, name);
+      if (!next) {
+        reader.fail(walked.empty() ? name : walked + "." + name,
+                    "no entry '" + name + "'" + (walked.empty() ? "" : " in '" + walked + "'") +
+                        " (entries: " + entry_names(chosen) + ")");
+      }
+      walked += (walked.empty() ? "" : ".") + name;
+      chosen = next;
+      begin = dot + 1;
+    }
+    out.entry = entry;
+  } else if (!is_state_dict(root)) {
+    for (const auto& name : usual_state_dict_entries()) {
+      const Value* v = find_entry(root, name);
+      if (v && is_state_dict(v)) {
+        chosen = v;
+        out.entry = name;
+        break;
+      }
+    }
+    if (chosen == root) {
+      // Name the first value that is not a tensor: a plain state dict with one bad value.
+      for (const auto& [k, v] : root->dict) {
+        if (k->kind == Value::Kind::kString && v->kind == Value::Kind::kTensor) continue;
+        reader.fail(key_text(k),
+                    "not a state dict: entry '" + key_text(k) + "' holds " + describe(v) +
+                        ", and none of state_dict, model, module, model_state_dict is a dict "
+                        "of tensors (entries: " +
+                        entry_names(root) + "); name the entry that holds it");
+      }
+    }
+  }
+  if (chosen->kind != Value::Kind::kDict) {
+    reader.fail(out.entry, "entry '" + out.entry + "' holds " + describe(chosen) + ", not a dict");
+  }
+  if (chosen != root) {
+    const auto top = out.entry.substr(0, out.entry.find('.'));
+    for (const auto& [k, v] : root->dict) {
+      if (key_text(k) != top) out.other_entries.push_back(key_text(k));
+    }
+  }
+  const std::string prefix = out.entry.empty() ? "" : out.entry + ".";
+  for (const auto& [k, v] : chosen->dict) {
+    if (k->kind != Value::Kind::kString) {
+      reader.fail(prefix + key_text(k), "a key that is not a string (" + describe(k) + ")");
+    }
+    if (v->kind != Value::Kind::kTensor) {
+      reader.fail(k->s, "the value is " + describe(v) + ", not a tensor" +
+                            (out.entry.empty() ? "" : " (in entry '" + out.entry + "')"));
+    }
+    if (out.state.contains(k->s)) reader.fail(k->s, "the key is saved twice");
+    out.state.insert(k->s, v->tensor);
+    out.storage_of.push_back(v->storage);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+[[noreturn]] void damaged(const std::string& path, const std::string& what,
+                          const std::string& key = "") {
+  throw Error(ErrorCode::kMalformedInput, key, path + ": " + what);
+}
+
+/// The zip archive `torch.save` writes: records under one folder ("archive/data.pkl",
+/// "archive/data/0"), stored uncompressed. Read through libzip with its consistency checks; a
+/// record's CRC is checked when it is read whole.
+class ZipArchive {
+ public:
+  explicit ZipArchive(detail::InputFile& file) : path_(file.path()) {
+    int err = 0;
+    zip_ = ::zip_fdopen(file.fd(), ZIP_RDONLY | ZIP_CHECKCONS, &err);
+    if (!zip_) {
+      zip_error_t error;
+      zip_error_init_with_code(&error, err);
+      const std::string what = zip_error_strerror(&error);
+      zip_error_fini(&error);
+      damaged(path_, "not a readable torch.save zip archive (" + what + ")");
+    }
+    file.release();  // libzip owns the descriptor now
+    if (::zip_get_num_entries(zip_, 0) < 1) damaged(path_, "an empty zip archive");
+    const std::string first = ::zip_get_name(zip_, 0, ZIP_FL_ENC_RAW);
+    const auto slash = first.find('/');
+    if (slash == std::string::npos) damaged(path_, "a zip archive without torch.save's folder");
+    prefix_ = first.substr(0, slash + 1);
+  }
+  ~ZipArchive() {
+    if (zip_) ::zip_discard(zip_);
+  }
+  ZipArchive(const ZipArchive&) = delete;
+  ZipArchive& operator=(const ZipArchive&) = delete;
+
+  /// The record's size, or -1 when the archive lacks it.
+  int64_t size(const std::string& name) const {
+    zip_stat_t st;
+    zip_stat_init(&st);
+    if (::zip_stat(zip_, (prefix_ + name).c_str(), ZIP_FL_ENC_RAW, &st) != 0) return -1;
+    return static_cast<int64_t>(st.size);
+  }
+
+  void read(const std::string& name, void* out, uint64_t n) const {
+    zip_file_t* f = ::zip_fopen(zip_, (prefix_ + name).c_str(), ZIP_FL_ENC_RAW);
+    if (!f) damaged(path_, "the archive lacks record " + name);
+    auto* bytes = static_cast<char*>(out);
+    uint64_t done = 0;
+    char extra = 0;
+    bool ok = true;
+    while (ok && done < n) {
+      const auto got = ::zip_fread(f, bytes + done, n - done);
+      ok = got > 0;
+      if (ok) done += static_cast<uint64_t>(got);
+    }
+    // One more read reaches the end, where libzip compares the record's CRC.
+    ok = ok && ::zip_fread(f, &extra, 1) == 0;
+    const std::string what = ok ? "" : ::zip_strerror(zip_);
+    const std::string file_error = ok ? "" : ::zip_file_strerror(f);
+    ::zip_fclose(f);
+    if (!ok) damaged(path_, "record " + name + " is damaged (" + file_error + ")");
+  }
+
+  std::string read_all(const std::string& name) const {
+    const auto n = size(name);
+    if (n < 0) damaged(path_, "the archive lacks record " + name);
+    std::string out(static_cast<size_t>(n), '\0');
+    read(name, out.data(), static_cast<uint64_t>(n));
+    return out;
+  }
+
+ private:
+  std::string path_;
+  zip_t* zip_ = nullptr;
+  std::string prefix_;
+};
+
+/// The legacy format: five pickles (magic number, protocol version, system info, the object,
+/// the storage keys), then each storage as an 8-byte element count and its bytes.
+constexpr unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                          0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, '.'};
+
+bool starts_with(const detail::InputFile& file, const unsigned char* magic, size_t n) {
+  if (file.size() < n) return false;
+  std::string head(n, '\0');
+  file.read_at(0, head.data(), n);
+  return std::memcmp(head.data(), magic, n) == 0;
+}
+
+/// Replaces each meta tensor of `pickled.state` by a view of its storage's data.
+template <typename Load>
+StateDict with_data(const detail::PickledStateDict& pickled, const Load& load) {
+  std::vector<torch::Tensor> data(pickled.storages.size());
+  StateDict state;
+  size_t i = 0;
+  for (const auto& item : pickled.state) {
+    const size_t s = pickled.storage_of[i++];
+    if (!data[s].defined()) {
+      const auto& storage = pickled.storages[s];
+      data[s] = torch::empty({storage.numel}, torch::TensorOptions().dtype(storage.dtype));
+      load(s, data[s]);
+    }
+    const auto& meta = item.value();
+    state.insert(item.key(),
+                 data[s].as_strided(meta.sizes(), meta.strides(), meta.storage_offset()));
+  }
+  return state;
+}
+
+TorchSaveFile read_zip(detail::InputFile& file, const TorchSaveOptions& options) {
+  const std::string path = file.path();
+  ZipArchive archive(file);
+  const auto pickle = archive.read_all("data.pkl");
+  auto pickled = detail::read_state_dict_pickle(pickle.data(), pickle.size(), path, options.entry);
+  // Every storage the pickle names is in the archive with its exact size.
+  for (const auto& s : pickled.storages) {
+    const auto want = static_cast<int64_t>(s.numel * c10::elementSize(s.dtype));
+    const auto have = archive.size("data/" + s.key);
+    if (have < 0) damaged(path, "the archive lacks storage data/" + s.key);
+    if (have != want) {
+      damaged(path, "storage data/" + s.key + " holds " + std::to_string(have) + " bytes, not " +
+                        std::to_string(s.numel) + " elements of " +
+                        std::to_string(c10::elementSize(s.dtype)));
+    }
+  }
+  TorchSaveFile out{StateDict(), "torch.save zip", pickled.entry, pickled.other_entries};
+  out.state = !options.data
+                  ? std::move(pickled.state)
+                  : with_data(pickled, [&](size_t s, torch::Tensor& t) {
+                      archive.read("data/" + pickled.storages[s].key, t.data_ptr(), t.nbytes());
+                    });
+  return out;
+}
+
+TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& options) {
+  const std::string& path = file.path();
+  const detail::MappedFile map(file);
+  size_t pos = sizeof kLegacyMagic;
+  // Runs the pickle at `pos` and hands its value to `check` (values live in the reader's arena).
+  auto next = [&](const std::function<void(const Value*)>& check) {
+    std::vector<detail::PickledStorage> none;
+    Reader reader(path, map.data(), map.size(), pos, none);
+    check(reader.run());
+    pos = reader.pos();
+  };
+  next([&](const Value* version) {
+    if (version->kind != Value::Kind::kInt || version->i != 1001) {
+      damaged(path, "a legacy torch.save file of an unknown protocol version");
+    }
+  });
+  next([&](const Value* info) {
+    const Value* little =
+        info->kind == Value::Kind::kDict ? find_entry(info, "little_endian") : nullptr;
+    if (little && little->kind == Value::Kind::kBool && !little->i) {
+      damaged(path, "a big-endian legacy torch.save file, which wrapcert does not read");
+    }
+  });
+  auto pickled =
+      detail::read_state_dict_pickle(map.data() + pos, map.size() - pos, path, options.entry);
+  pos += pickled.end;
+  std::vector<std::string> order;
+  next([&](const Value* keys) {
+    if (keys->kind != Value::Kind::kList) damaged(path, "the storage key list is missing");
+    for (const auto* k : keys->items) {
+      if (k->kind != Value::Kind::kString) damaged(path, "a storage key that is not a string");
+      order.push_back(k->s);
+    }
+  });
+  // Where each storage's bytes lie: its count is checked, its data is not read.
+  std::unordered_map<std::string, size_t> index;
+  for (size_t s = 0; s < pickled.storages.size(); ++s) index.emplace(pickled.storages[s].key, s);
+  std::vector<uint64_t> offset(pickled.storages.size(), 0);
+  std::vector<bool> seen(pickled.storages.size(), false);
+  for (const auto& key : order) {
+    const auto it = index.find(key);
+    if (it == index.end() || seen[it->second]) {
+      damaged(path, "the storage key list names storage " + key +
+                        (it == index.end() ? ", which the pickle does not" : " twice"));
+    }
+    const auto& s = pickled.storages[it->second];
+    uint64_t count = 0;
+    if (map.size() - pos < 8) damaged(path, "the file ends before storage " + key);
+    for (int b = 7; b >= 0; --b)
+      count = (count << 8) | static_cast<unsigned char>(map.data()[pos + b]);
+    if (count != static_cast<uint64_t>(s.numel)) {
+      damaged(path, "storage " + key + " holds " + std::to_string(count) + " elements, not " +
+                        std::to_string(s.numel));
+    }
+    const uint64_t bytes = count * c10::elementSize(s.dtype);
+    if (map.size() - pos - 8 < bytes) damaged(path, "the file ends inside storage " + key);
+    offset[it->second] = pos + 8;
+    seen[it->second] = true;
+    pos += 8 + bytes;
+  }
+  for (size_t s = 0; s < seen.size(); ++s) {
+    if (!seen[s]) damaged(path, "the file lacks the data of storage " + pickled.storages[s].key);
+  }
+  if (pos != map.size()) {
+    damaged(path, std::to_string(map.size() - pos) + " bytes follow the last storage");
+  }
+  TorchSaveFile out{StateDict(), "torch.save legacy", pickled.entry, pickled.other_entries};
+  out.state = !options.data ? std::move(pickled.state)
+                            : with_data(pickled, [&](size_t s, torch::Tensor& t) {
+                                if (t.nbytes()) {
+                                  std::memcpy(t.data_ptr(), map.data() + offset[s], t.nbytes());
+                                }
+                              });
+  return out;
+}
+
+}  // namespace
+
+TorchSaveFile read_torch_save(const std::string& path, const TorchSaveOptions& options) {
+  detail::InputFile file(path);
+  static constexpr unsigned char kZip[] = {'P', 'K', 3, 4};
+  if (starts_with(file, kZip, sizeof kZip)) return read_zip(file, options);
+  if (starts_with(file, kLegacyMagic, sizeof kLegacyMagic)) return read_legacy(file, options);
+  static constexpr unsigned char kTar[] = {'u', 's', 't', 'a', 'r'};
+  if (file.size() > 262) {
+    unsigned char tar[5];
+    file.read_at(257, tar, 5);
+    if (std::memcmp(tar, kTar, 5) == 0) {
+      damaged(path,
+              "the tar torch.save format of PyTorch before 0.4, which wrapcert does not read");
+    }
+  }
+  damaged(path,
+          "not a torch.save file (neither the zip archive of PyTorch >= 1.6 nor the legacy "
+          "format)");
+}
+
+StateDict load_torch_save(const std::string& path) {
+  return read_torch_save(path).state;
+}
+
+void save_torch_save(const std::string& path, const StateDict& state) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : state) {
+    if (item.value().is_meta()) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(),
+                  "a tensor on the meta device has no data to save");
+    }
+    dict.insert(item.key(), item.value().detach().to(torch::kCPU));
+  }
+  const auto bytes = torch::jit::pickle_save(c10::IValue(dict));
+  write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+}
+
+}  // namespace wrapcert

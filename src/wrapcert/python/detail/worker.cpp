@@ -1,0 +1,244 @@
+#include <wrapcert/error.h>
+#include <wrapcert/python/detail/worker.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+extern char** environ;
+
+namespace wrapcert::python {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kTailBytes = 16 * 1024;
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+/// Reads what is there without blocking; false at end of file.
+bool read_some(int fd, std::string& into) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      into.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return true;  // EAGAIN: nothing more for now
+  }
+}
+
+void keep_tail(std::string& tail) {
+  if (tail.size() > kTailBytes) tail.erase(0, tail.size() - kTailBytes);
+}
+
+std::string how_it_ended(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
+  }
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  return "ended";
+}
+
+}  // namespace
+
+const char* to_string(Fault fault) {
+  switch (fault) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kDied:
+      return "died";
+    case Fault::kHung:
+      return "hung";
+    case Fault::kGarbage:
+      return "garbage";
+  }
+  return "?";
+}
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+
+Worker::~Worker() {
+  if (pid_ < 0) return;
+  const std::string bye = "{\"op\": \"exit\"}\n";
+  (void)::send(in_, bye.data(), bye.size(), MSG_NOSIGNAL);
+  close_fd(in_);  // end of input ends the worker's loop as well
+  for (int i = 0; i < 100; ++i) {
+    if (::waitpid(pid_, &status_, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
+    ::usleep(20 * 1000);
+  }
+  stop(false);
+}
+
+void Worker::start() {
+  int sv[2], out[2], err[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 ||
+      ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                std::string("cannot make pipes for the Python worker: ") + std::strerror(errno));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  std::vector<std::string> args = {options_.interpreter, "-X", "faulthandler", options_.script};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc =
+      ::posix_spawnp(&pid_, options_.interpreter.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(sv[1]);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (rc != 0) {
+    ::close(sv[0]);
+    ::close(out[0]);
+    ::close(err[0]);
+    pid_ = -1;
+    throw Error(ErrorCode::kInvalidArgument, "",
+                "cannot start the Python worker '" + options_.interpreter + "': " +
+                    std::strerror(rc) + " (set WRAPCERT_PYTHON to an interpreter with PyTorch)");
+  }
+  in_ = sv[0];
+  out_ = out[0];
+  err_ = err[0];
+  ::fcntl(out_, F_SETFL, ::fcntl(out_, F_GETFL) | O_NONBLOCK);
+  ::fcntl(err_, F_SETFL, ::fcntl(err_, F_GETFL) | O_NONBLOCK);
+  out_buffer_.clear();
+  ++starts_;
+}
+
+void Worker::drain_stderr(int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (err_ >= 0) {
+    pollfd p{err_, POLLIN, 0};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) break;
+    if (!read_some(err_, err_tail_)) break;
+    keep_tail(err_tail_);
+  }
+}
+
+void Worker::stop(bool abort_first) {
+  if (pid_ > 0) {
+    bool reaped = false;
+    if (abort_first) {
+      ::kill(pid_, SIGABRT);  // faulthandler prints every thread's Python stack, then it dies
+      const auto deadline = Clock::now() + std::chrono::seconds(3);
+      while (!reaped && Clock::now() < deadline) {
+        drain_stderr(50);
+        reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+      }
+    } else {
+      reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+    }
+    if (!reaped) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status_, 0);
+    }
+  }
+  pid_ = -1;
+  close_fd(in_);
+  close_fd(out_);
+  close_fd(err_);
+}
+
+Reply Worker::call(nlohmann::json request) {
+  if (pid_ < 0) start();
+  const long id = next_id_++;
+  request["id"] = id;
+  const std::string line = request.dump() + "\n";
+  err_tail_.clear();
+  Reply reply;
+  auto fault = [&](Fault f, const std::string& message) {
+    reply.fault = f;
+    reply.message = message;
+    reply.stderr_tail = err_tail_;
+    return reply;
+  };
+  auto died = [&]() {
+    drain_stderr(2000);
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    bool reaped = false;
+    while (!reaped && Clock::now() < deadline) {
+      reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+      if (!reaped) ::usleep(10 * 1000);
+    }
+    if (reaped) pid_ = -1;
+    stop(false);
+    return fault(Fault::kDied, "the Python worker " + how_it_ended(status_));
+  };
+
+  for (size_t sent = 0; sent < line.size();) {
+    const ssize_t n = ::send(in_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return died();
+    sent += static_cast<size_t>(n);
+  }
+
+  const auto deadline = Clock::now() + std::chrono::milliseconds(
+                                           static_cast<int64_t>(options_.timeout_seconds * 1e3));
+  for (;;) {
+    const auto newline = out_buffer_.find('\n');
+    if (newline != std::string::npos) {
+      const std::string text = out_buffer_.substr(0, newline);
+      out_buffer_.erase(0, newline + 1);
+      auto body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (body.is_discarded() || !body.is_object() || !body.contains("id") || body["id"] != id) {
+        drain_stderr(100);
+        stop(false);
+        return fault(Fault::kGarbage,
+                     "the Python worker replied with something that is not its "
+                     "reply: '" +
+                         text.substr(0, 200) + "'");
+      }
+      drain_stderr(0);
+      reply.body = std::move(body);
+      reply.stderr_tail = err_tail_;
+      return reply;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      stop(true);
+      std::ostringstream limit;
+      limit << options_.timeout_seconds;
+      return fault(Fault::kHung, "the Python worker gave no reply within " + limit.str() + " s");
+    }
+    pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
+    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (ready < 0 && errno != EINTR) return died();
+    if (fds[1].revents) {
+      if (!read_some(err_, err_tail_)) close_fd(err_);
+      keep_tail(err_tail_);
+    }
+    if (fds[0].revents) {
+      if (!read_some(out_, out_buffer_) && out_buffer_.find('\n') == std::string::npos) {
+        return died();
+      }
+    }
+  }
+}
+
+}  // namespace wrapcert::python
