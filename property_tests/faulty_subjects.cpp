@@ -45,7 +45,7 @@ props::Unwrapped walk_unwrap(const ModulePtr& root,
 }
 
 props::Unwrapped reference(const ModulePtr& wrapped) {
-  return props::subject(Subject::kReference)(wrapped);
+  return props::subject(BuiltinUnwrap::kReference)(wrapped);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 /// Deliberately wrong unwrap subjects: each property must be shown to reject at least one.
 ///
-///   auto v = wrapcert::props::keys(spec, wrapcert::faulty::reorders_keys());
+///   auto v = wrapcert::props::exact_keys(spec, wrapcert::faulty::reorders_keys());
 ///   // v.passed == false for a spec with two or more keys out of alphabetical order
 
 #include <wrapcert/certify/properties.h>

@@ -23,7 +23,7 @@ namespace {
 using test_support::assert_verdict;
 
 const props::UnwrapSubject& reference() {
-  static const auto s = props::subject(Subject::kReference);
+  static const auto s = props::subject(BuiltinUnwrap::kReference);
   return s;
 }
 

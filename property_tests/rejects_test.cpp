@@ -1,5 +1,5 @@
 // Every property is shown able to fail: each rejects the wrong subject it is designed to catch,
-// with a shrunk counterexample printed as a module tree (SEMANTICS.md §4).
+// with a shrunk counterexample printed as a module tree (docs/SEMANTICS.md §4).
 
 #include "faulty_subjects.h"
 #include "property_check.h"
@@ -59,17 +59,17 @@ test_support::PropertyFn with(Check check, UnwrapSubject subject) {
 
 std::vector<Case> cases() {
   using namespace props;  // NOLINT(google-build-using-namespace): the property list below
-  const auto legacy = subject(Subject::kLegacy);
-  const auto duck = subject(Subject::kDuckTyped);
+  const auto legacy = subject(BuiltinUnwrap::kLegacy);
+  const auto duck = subject(BuiltinUnwrap::kDuckTyped);
   return {
-      {"P1KeysRejectsLegacy", with(&props::keys, legacy), {}},
+      {"P1KeysRejectsLegacy", with(&props::exact_keys, legacy), {}},
       {"P1KeysRejectsSkippingContainers",
-       with(&props::keys, faulty::skips_wrappers_in_containers()),
+       with(&props::exact_keys, faulty::skips_wrappers_in_containers()),
        {}},
       {"P1KeysRejectsStoppingAfterTwoLevels",
-       with(&props::keys, faulty::stops_after_two_levels()),
+       with(&props::exact_keys, faulty::stops_after_two_levels()),
        {}},
-      {"P1KeysRejectsReordering", with(&props::keys, faulty::reorders_keys()), {}},
+      {"P1KeysRejectsReordering", with(&props::exact_keys, faulty::reorders_keys()), {}},
       {"P2IdentityRejectsCopies", with(identity, faulty::copies_tensors()), {}},
       {"P3TiesRejectsUntying", with(ties, faulty::unties_weights()), {}},
       {"P4BackwardRejectsLegacy", with(backward, legacy), {}},
@@ -107,8 +107,8 @@ std::vector<Case> cases() {
 class Rejects : public ::testing::TestWithParam<Case> {};
 
 TEST(Rejects, P11DeepChainRejectsDuckTyped) {
-  const auto verdict =
-      props::deep_chain(Registry::with_builtins().names(), props::subject(Subject::kDuckTyped));
+  const auto verdict = props::deep_chain(Registry::with_builtins().names(),
+                                         props::subject(BuiltinUnwrap::kDuckTyped));
   EXPECT_FALSE(verdict.passed);
   EXPECT_THAT(verdict.reason, ::testing::HasSubstr("maximum recursion depth exceeded"));
 }

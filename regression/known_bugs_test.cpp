@@ -1,7 +1,8 @@
-// One case per known real-world unwrap bug (SEMANTICS.md §2). Each passes against the
+// One case per known real-world unwrap bug (docs/SEMANTICS.md §2). Each passes against the
 // reference unwrap and is asserted to fail against the subject that has the bug.
 
 #include <wrapcert/fixtures/causal_lm.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
@@ -16,6 +17,7 @@ namespace wrapcert {
 namespace {
 
 using fixtures::make_causal_lm;
+using test_support::ThrowsError;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -30,7 +32,7 @@ ModulePtr gemma_2b() {
   return make_causal_lm(fixtures::gemma_2b(), {c10::kMeta});
 }
 
-std::vector<std::string> unwrapped_keys(Subject s, const ModulePtr& wrapped) {
+std::vector<std::string> unwrapped_keys(BuiltinUnwrap s, const ModulePtr& wrapped) {
   return keys(unwrap(s, wrapped).state_dict());
 }
 
@@ -43,8 +45,8 @@ TEST(KnownBug, NormLayerWithAModuleChildIsNotAWrapper) {
   model->register_module("norm", std::make_shared<test_support::UserModuleImpl>("module"));
   const auto original = keys(state_dict(model));
   auto wrapped = wrap(model, "", "DistributedDataParallel");
-  EXPECT_EQ(unwrapped_keys(Subject::kReference, wrapped), original);
-  EXPECT_NE(unwrapped_keys(Subject::kDuckTyped, wrapped), original)
+  EXPECT_EQ(unwrapped_keys(BuiltinUnwrap::kReference, wrapped), original);
+  EXPECT_NE(unwrapped_keys(BuiltinUnwrap::kDuckTyped, wrapped), original)
       << "duck typing drops the norm's own scale and its `extra` child";
 }
 
@@ -82,8 +84,8 @@ TEST(KnownBug, CallersWhoNeedARunnableUnwrappedModelGetAScope) {
 TEST(KnownBug, CompiledSubmoduleLeavesOrigModInsideAWrappedModel) {
   const auto original = keys(state_dict(tiny_mistral()));
   auto wrapped = ddp(compile_submodule(tiny_mistral(), "model.layers.1.self_attn"));
-  EXPECT_EQ(unwrapped_keys(Subject::kReference, wrapped), original);
-  EXPECT_THAT(unwrapped_keys(Subject::kDuckTyped, wrapped),
+  EXPECT_EQ(unwrapped_keys(BuiltinUnwrap::kReference, wrapped), original);
+  EXPECT_THAT(unwrapped_keys(BuiltinUnwrap::kDuckTyped, wrapped),
               Contains(HasSubstr("self_attn._orig_mod.")));
 }
 
@@ -101,7 +103,7 @@ std::string strip_one_prefix(const std::string& key) {
 TEST(KnownBug, CompileAndDdpInEitherOrderUnwrapToTheSameKeys) {
   const auto original = keys(state_dict(tiny_gemma()));
   for (auto wrapped : {compile(ddp(tiny_gemma())), ddp(compile(tiny_gemma()))}) {
-    EXPECT_EQ(unwrapped_keys(Subject::kReference, wrapped), original);
+    EXPECT_EQ(unwrapped_keys(BuiltinUnwrap::kReference, wrapped), original);
     const auto tr = KeyTranslator::from_tree(wrapped);
     std::vector<std::string> stripped;
     for (const auto& [w, c] : tr.pairs()) {
@@ -121,7 +123,7 @@ std::string replace_all(std::string key, const std::string& token) {
   return key;
 }
 
-// SEMANTICS.md hazard 4: `key.replace("_fsdp_wrapped_module.", "")` also hits a user child
+// docs/SEMANTICS.md hazard 4: `key.replace("_fsdp_wrapped_module.", "")` also hits a user child
 // whose name contains the token.
 TEST(KnownBug, SubstringRewritingManglesUserNames) {
   auto model = std::make_shared<test_support::ChainImpl>();
@@ -220,13 +222,8 @@ TEST(KnownBug, WrappedCheckpointFailsLoudlyWithoutTranslation) {
   auto wrapped = fsdp_v2_recipe(tiny_mistral(1), fixtures::tiny_mistral().no_split_modules());
   const auto saved = state_dict(wrapped);
   auto fresh = tiny_mistral(2);
-  try {
-    load_state_dict(fresh, saved);
-    FAIL() << "loaded wrapped keys silently";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnknownKey);
-    EXPECT_EQ(e.key_path(), "_orig_module.model.embed_tokens.weight");
-  }
+  EXPECT_THAT([&] { load_state_dict(fresh, saved); },
+              ThrowsError(ErrorCode::kUnknownKey, "_orig_module.model.embed_tokens.weight"));
   EXPECT_FALSE(state_dict(fresh)["lm_head.weight"].equal(saved[saved.size() - 1].value()))
       << "nothing was copied by the failed load";
   load_state_dict(fresh, KeyTranslator::from_tree(wrapped).to_clean(saved));
@@ -258,12 +255,8 @@ TEST(KnownBug, ForwardOnAnUnwrappedFlatModuleIsRefusedThenRestored) {
   const auto ids = torch::tensor({{5, 6, 7}}, torch::kLong);
   const auto expected = call(*tiny_mistral(3), ids);
   EXPECT_TRUE(call(*wrapped, ids).equal(expected));
-  try {
-    (void)call(*unwrap_legacy(wrapped), ids);
-    FAIL() << "ran on flattened parameters";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kWrapperState);
-  }
+  EXPECT_THAT([&] { (void)call(*unwrap_legacy(wrapped), ids); },
+              ThrowsError(ErrorCode::kWrapperState));
   // Release every FSDP (innermost first) and the unwrapped model computes again.
   std::vector<std::shared_ptr<FullyShardedDataParallelImpl>> fsdps;
   const auto as_is = ModuleView::of(wrapped);

@@ -19,7 +19,7 @@ ModulePtr mistral() {
   return fixtures::make_causal_lm(fixtures::mistral_7b(), {c10::kMeta, c10::kBFloat16});
 }
 
-std::vector<std::string> subject_keys(Subject subject, const ModulePtr& wrapped) {
+std::vector<std::string> subject_keys(BuiltinUnwrap subject, const ModulePtr& wrapped) {
   return keys(unwrap(subject, wrapped).state_dict());
 }
 
@@ -34,7 +34,8 @@ bool zip_compare(const std::vector<std::string>& a, const std::vector<std::strin
 TEST(SeedThread, CompatibilityWithTheOriginalBehaviour) {
   // test_compatibility_with_original_behavior: one wrapper at the root.
   auto wrapped = wrap(mistral(), "", kFsdp2);
-  EXPECT_EQ(subject_keys(Subject::kReference, wrapped), subject_keys(Subject::kLegacy, wrapped));
+  EXPECT_EQ(subject_keys(BuiltinUnwrap::kReference, wrapped),
+            subject_keys(BuiltinUnwrap::kLegacy, wrapped));
 }
 
 TEST(SeedThread, NestedUnwrapModules) {
@@ -42,8 +43,8 @@ TEST(SeedThread, NestedUnwrapModules) {
   auto model = mistral();
   const auto original = keys(state_dict(model));
   auto wrapped = wrap(wrap(model, "model.embed_tokens", kFsdp2), "", kFsdp2);
-  EXPECT_NE(subject_keys(Subject::kLegacy, wrapped), original);
-  EXPECT_EQ(subject_keys(Subject::kReference, wrapped), original);
+  EXPECT_NE(subject_keys(BuiltinUnwrap::kLegacy, wrapped), original);
+  EXPECT_EQ(subject_keys(BuiltinUnwrap::kReference, wrapped), original);
 }
 
 TEST(SeedThread, StrictComparisonCatchesAMissingKeyThatZipMisses) {
@@ -60,8 +61,8 @@ TEST(SeedThread, TheFixFailsWithoutTheFix) {
   // The reviewer's request: the nested test must fail against the pre-fix unwrap.
   auto wrapped = wrap(wrap(mistral(), "model.embed_tokens", kFsdp2), "", kFsdp2);
   const auto expected = keys(state_dict(mistral()));
-  EXPECT_EQ(subject_keys(Subject::kReference, wrapped), expected);
-  const auto legacy = unwrap(Subject::kLegacy, wrapped);
+  EXPECT_EQ(subject_keys(BuiltinUnwrap::kReference, wrapped), expected);
+  const auto legacy = unwrap(BuiltinUnwrap::kLegacy, wrapped);
   EXPECT_NE(keys(legacy.state_dict()), expected) << "the same test, run on the pre-fix unwrap";
   EXPECT_EQ(wrapped_state(legacy).size(), 1u);
 }
@@ -70,7 +71,7 @@ TEST(SeedThread, Gemma2bRecipeLeavesOrigModuleIn162Of165KeysUnderLegacy) {
   auto config = fixtures::gemma_2b();
   auto wrapped =
       fixtures::apply_seed_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
-  const auto legacy = unwrap(Subject::kLegacy, wrapped);
+  const auto legacy = unwrap(BuiltinUnwrap::kLegacy, wrapped);
   ASSERT_EQ(legacy.state_dict().size(), 165u);
   EXPECT_EQ(wrapped_state(legacy).size(), 162u);
   size_t with_slot = 0;

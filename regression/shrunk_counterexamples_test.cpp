@@ -27,7 +27,7 @@ TEST(ShrunkCounterexample, CheckpointWrapperAroundASharedSubmodule) {
   NodeSpec shared;
   shared.type = NodeSpec::Type::kShared;
   spec.root.children.push_back({"my_fsdp_wrapped_module", shared});
-  const auto verdict = props::backward(spec, props::subject(Subject::kReference));
+  const auto verdict = props::backward(spec, props::subject(BuiltinUnwrap::kReference));
   EXPECT_TRUE(verdict.passed) << verdict.reason << " at " << verdict.key;
   EXPECT_FALSE(verdict.skipped);
 }

@@ -15,10 +15,11 @@ with p < alpha, 2 on bad input. --markdown also writes the table as Markdown (fo
 tools/bench_report.py --include).
 """
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
+
+import bench_json
 
 try:
     from scipy.stats import mannwhitneyu
@@ -27,17 +28,9 @@ except ImportError:
 
 
 def load(path):
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"bench_compare: cannot read {path}: {e}")
     runs = defaultdict(list)
-    for b in data.get("benchmarks", []):
-        if b.get("run_type", "iteration") != "iteration":
-            continue  # mean/median/stddev aggregates
-        scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b.get("time_unit", "ns")]
-        runs[b.get("run_name", b["name"])].append(b["real_time"] * scale)
+    for run in bench_json.read(path, "bench_compare")[1]:
+        runs[run["name"]].append(run["real_ns"])
     return runs
 
 

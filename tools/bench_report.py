@@ -29,6 +29,8 @@ import statistics
 import sys
 from collections import defaultdict
 
+import bench_json
+
 try:
     from scipy.stats import mannwhitneyu
 except ImportError:
@@ -52,7 +54,6 @@ SUBJECTS = [
 ]
 LABEL = {key: label for key, _, _, label in SUBJECTS}
 LAYOUTS = {0: "gemma-2b", 1: "mistral-7b"}  # unless the C++ run's context says otherwise
-SCALE = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}
 
 # Headline ratios per tree: (numerator, denominator).
 HEADLINES = [("reference", "named_modules"), ("python", "duck_typed"), ("python", "reference")]
@@ -93,24 +94,16 @@ def load(paths):
     """Figures by benchmark name, and each file's context block."""
     figures, contexts, errors = {}, {}, []
     for path in paths:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            sys.exit(f"bench_report: cannot read {path}: {e}")
-        contexts[path] = data.get("context", {})
-        for b in data.get("benchmarks", []):
-            if b.get("run_type", "iteration") != "iteration":
-                continue  # mean/median/stddev/cv aggregates and complexity fits
-            name = b.get("run_name", b["name"])
+        contexts[path], runs = bench_json.read(path, "bench_report")
+        for b in runs:
+            name = b["name"]
             if b.get("error_occurred"):
                 errors.append(f"{name}: {b.get('error_message', 'error')}")
                 continue
-            scale = SCALE[b.get("time_unit", "ns")]
             fig = figures.setdefault(name, Figure(name, path))
-            fig.times.append(b["real_time"] * scale)
-            if "cpu_time" in b:
-                fig.cpu.append(b["cpu_time"] * scale)
+            fig.times.append(b["real_ns"])
+            if "cpu_ns" in b:
+                fig.cpu.append(b["cpu_ns"])
             fig.label = b.get("label", fig.label)
             for key in ("items_per_second", "peak_rss_mb", "tree_mb", "bytes_per_module",
                         "view_mb", "translator_mb"):

@@ -36,7 +36,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](wrapcert/[^>"]+)[>"]', re.M)
 
 def library_of(rel):
     """The library a repository path belongs to, or None for files outside the libraries."""
-    if rel.startswith("fixtures/include/wrapcert/fixtures/certification.h"):
+    if rel in ("fixtures/include/wrapcert/fixtures/certification.h",
+               "fixtures/certification.h"):
         return "fixtures-certify"
     if rel.startswith("fixtures/"):
         return "fixtures"
@@ -59,7 +60,8 @@ def header_path(root, include):
 
 
 def unit_of(rel):
-    stem = os.path.splitext(rel)[0]
+    """A header and its .cpp (and its test) are one unit: `src/wrapcert/view`."""
+    stem = os.path.splitext(rel)[0].replace("fixtures/include/wrapcert/fixtures/", "fixtures/")
     return stem[: -len("_test")] if stem.endswith("_test") else stem
 
 
@@ -131,15 +133,17 @@ def main():
 
     problems = []
     units = {}  # unit -> set of units it includes
+    owner = {}  # unit -> its library (from its header or .cpp, not its test)
     publics = public_headers(root)
     for rel in sources(root):
         library = library_of(rel)
         if library is None:
             continue
-        is_test = rel.endswith("_test.cpp") or rel.startswith("fixtures/") and rel.endswith(
-            ".cpp") and "test" in os.path.basename(rel)
+        is_test = rel.endswith("_test.cpp")
         unit = unit_of(rel)
         units.setdefault(unit, set())
+        if not is_test:
+            owner[unit] = library
         text = open(os.path.join(root, rel), errors="replace").read()
         for include in INCLUDE.findall(text):
             target = header_path(root, include)
@@ -177,10 +181,7 @@ def main():
             return depth[u]
 
         for library in ORDER:
-            members = sorted(u for u in units if library_of(u + ".h") == library
-                             or library_of(u + ".cpp") == library)
-            members = [u for u in members if os.path.exists(os.path.join(root, u + ".h"))
-                       or os.path.exists(os.path.join(root, u + ".cpp"))]
+            members = sorted(u for u in units if owner.get(u) == library)
             if not members:
                 continue
             print(f"{library} (may include: {', '.join(ALLOWED[library]) or 'LibTorch only'})")

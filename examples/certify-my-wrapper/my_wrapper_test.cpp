@@ -20,7 +20,7 @@ wrapcert::certify::Options options() {
 WRAPCERT_CERTIFY_TEST(Sharded, IsCertified, my::sharded_kind(), options());
 
 TEST(LeakySharded, IsRejectedWithAReadableCounterexample) {
-  const auto report = wrapcert::certify::certify(my::leaky_sharded_kind(), options());
+  const auto report = wrapcert::certify::run(my::leaky_sharded_kind(), options());
   std::cout << wrapcert::certify::to_summary(report);
   ASSERT_FALSE(report.passed());
   for (const auto& e : report.entries) {

@@ -112,7 +112,8 @@ int run_demo(const DemoOptions& o) {
   std::cout << "A wrapped model (root and every decoder layer):\n\n"
             << wrapcert::format_tree(wrapped, print) << "\n\n";
   std::cout << "After the legacy unwrap (root chain only):\n\n"
-            << wrapcert::format_tree(wrapcert::unwrap(wrapcert::Subject::kLegacy, wrapped), print)
+            << wrapcert::format_tree(wrapcert::unwrap(wrapcert::BuiltinUnwrap::kLegacy, wrapped),
+                                     print)
             << "\n\n";
   std::cout << "After the reference unwrap:\n\n"
             << wrapcert::format_tree(wrapcert::unwrap_reference(wrapped), print) << "\n\n";
@@ -296,7 +297,8 @@ int run_seed(const FixtureOptions& o) {
             << config.no_split_modules().front() << "):\n\n"
             << wrapcert::format_tree(wrapped, print) << "\n\n"
             << "When unwrapped using the legacy unwrap:\n\n"
-            << wrapcert::format_tree(wrapcert::unwrap(wrapcert::Subject::kLegacy, wrapped), print)
+            << wrapcert::format_tree(wrapcert::unwrap(wrapcert::BuiltinUnwrap::kLegacy, wrapped),
+                                     print)
             << "\n\nWhen unwrapped using the reference unwrap:\n\n"
             << wrapcert::format_tree(wrapcert::unwrap_reference(wrapped), print) << "\n\n";
   const auto clean = wrapcert::keys(wrapcert::state_dict(build_fixture(config, "meta")));
@@ -390,7 +392,7 @@ int run_certify(const CertifyOptions& o) {
   options.seed = o.seed;
   options.timeout_seconds = o.timeout;
   options.isolate = !o.in_process;
-  const auto report = wrapcert::certify::certify(options, console_listener(o.quiet));
+  const auto report = wrapcert::certify::run(options, console_listener(o.quiet));
   return write_reports(report, o.markdown, o.json, o.junit);
 }
 

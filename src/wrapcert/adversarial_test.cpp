@@ -3,8 +3,10 @@
 // at these sizes come from bench/wrapcert_bench (BM_MillionModuleTree, BM_DeepChain).
 #include <wrapcert/certify/properties.h>
 #include <wrapcert/python/bridge.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/test_support/paths.h>
+#include <wrapcert/test_support/trees.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -20,23 +22,10 @@
 namespace wrapcert {
 namespace {
 
-using test_support::keys_of;
+using test_support::HasKeys;
+using test_support::ThrowsError;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-/// Runs `f`, which must throw an Error with `code` at `path`; returns the message.
-template <typename F>
-std::string expect_error(F f, ErrorCode code, const std::string& path) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.key_path(), path) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
 
 ModulePtr linear() {
   return torch::nn::Linear(torch::nn::LinearOptions(2, 2)).ptr();
@@ -50,11 +39,14 @@ TEST(Adversarial, ACycleThroughAWrapperIsAnErrorNamingThePath) {
   inner->register_module("block", block);
   block->register_module("back", wrapper);  // wrapper -> inner -> block -> wrapper
 
-  expect_error([&] { (void)unwrap_reference(wrapper); }, ErrorCode::kCycle, "module.block.back");
-  expect_error([&] { (void)KeyTranslator::from_tree(wrapper); }, ErrorCode::kCycle,
-               "module.block.back");
-  expect_error([&] { (void)format_tree(wrapper); }, ErrorCode::kCycle, "module.block.back");
-  expect_error([&] { (void)state_dict(wrapper); }, ErrorCode::kCycle, "module.block.back");
+  EXPECT_THAT([&] { (void)unwrap_reference(wrapper); },
+              ThrowsError(ErrorCode::kCycle, "module.block.back"));
+  EXPECT_THAT([&] { (void)KeyTranslator::from_tree(wrapper); },
+              ThrowsError(ErrorCode::kCycle, "module.block.back"));
+  EXPECT_THAT([&] { (void)format_tree(wrapper); },
+              ThrowsError(ErrorCode::kCycle, "module.block.back"));
+  EXPECT_THAT([&] { (void)state_dict(wrapper); },
+              ThrowsError(ErrorCode::kCycle, "module.block.back"));
   // The duck-typed subject recurses like Python and stops at Python's limit.
   EXPECT_THROW((void)unwrap_duck_typed(wrapper), Error);
   EXPECT_EQ(unwrap_legacy(wrapper), inner) << "legacy only follows the root chain";
@@ -70,9 +62,10 @@ TEST(Adversarial, ACycleThroughContainersIsAnErrorNamingThePath) {
   outer->push_back(middle.ptr());
   inner->push_back(outer.ptr());  // outer.0.inner.1 is outer again
 
-  expect_error([&] { (void)unwrap_reference(outer.ptr()); }, ErrorCode::kCycle, "0.inner.1");
-  expect_error([&] { (void)KeyTranslator::from_tree(outer.ptr()); }, ErrorCode::kCycle,
-               "0.inner.1");
+  EXPECT_THAT([&] { (void)unwrap_reference(outer.ptr()); },
+              ThrowsError(ErrorCode::kCycle, "0.inner.1"));
+  EXPECT_THAT([&] { (void)KeyTranslator::from_tree(outer.ptr()); },
+              ThrowsError(ErrorCode::kCycle, "0.inner.1"));
   replace_child(*inner, "1", linear());  // break the cycle in both of ModuleList's lists
 }
 
@@ -88,15 +81,11 @@ TEST(Adversarial, AHundredThousandDeepWrapperChainUnwrapsTranslatesAndIsReleased
     const auto view = unwrap_reference(m);
     EXPECT_EQ(view.root().module, leaf);
     EXPECT_EQ(view.root_via().size(), kDepth);
-    EXPECT_EQ(keys_of(view.state_dict()), keys_of(state_dict(leaf)));
+    EXPECT_THAT(view.state_dict(), HasKeys(keys(state_dict(leaf))));
     EXPECT_EQ(unwrap_legacy(m), leaf);
-    try {
-      (void)unwrap_duck_typed(m);
-      ADD_FAILURE() << "the duck-typed subject went 100,000 levels deep";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kRecursionLimit);
-      EXPECT_THAT(e.key_path(), ::testing::StartsWith("module."));
-    }
+    EXPECT_THAT([&] { (void)unwrap_duck_typed(m); },
+                ThrowsError(ErrorCode::kRecursionLimit, ::testing::StartsWith("module.")))
+        << "the duck-typed subject must stop at Python's limit, not go 100,000 levels deep";
 
     const auto tr = KeyTranslator::from_tree(m);
     ASSERT_EQ(tr.size(), 2u);
@@ -108,26 +97,9 @@ TEST(Adversarial, AHundredThousandDeepWrapperChainUnwrapsTranslatesAndIsReleased
   EXPECT_EQ(leaf.use_count(), 1) << "the chain is gone, the leaf is ours alone";
 }
 
-/// A tree of `blocks` wrapped blocks of `width` leaves each, one parameter per leaf (meta):
-/// blocks * (width + 2) + 1 modules.
-ModulePtr wide_tree(size_t blocks, size_t width) {
-  auto root = std::make_shared<torch::nn::Module>();
-  const auto& ddp = Registry::global().at("DataParallel");
-  for (size_t b = 0; b < blocks; ++b) {
-    auto block = std::make_shared<torch::nn::Module>();
-    for (size_t l = 0; l < width; ++l) {
-      auto leaf = std::make_shared<torch::nn::Module>();
-      leaf->register_parameter("w", torch::empty({1}, torch::TensorOptions().device(c10::kMeta)));
-      block->register_module("l" + std::to_string(l), leaf);
-    }
-    root->register_module("b" + std::to_string(b), ddp.make(block));
-  }
-  return root;
-}
-
 TEST(Adversarial, AMillionModuleTreeUnwrapsWithEveryKey) {
   constexpr size_t kBlocks = 1000, kWidth = 998;  // 1,000,001 modules
-  auto tree = wide_tree(kBlocks, kWidth);
+  auto tree = test_support::wide_tree(kBlocks, kWidth);
   const auto view = unwrap_reference(tree);
   EXPECT_EQ(view.size(), 1 + kBlocks * (kWidth + 1)) << "wrappers are seen through";
   const auto tr = KeyTranslator::from_tree(tree);
@@ -152,11 +124,11 @@ TEST(Adversarial, AWrapperWithAnEmptySlotIsAnErrorNamingIt) {
   auto layers = std::make_shared<torch::nn::Module>();
   root->register_module("layers", layers);
   layers->register_module("0", std::make_shared<HollowImpl>());
-  const auto message = expect_error([&] { (void)unwrap_reference(root, registry); },
-                                    ErrorCode::kEmptySlot, "layers.0.inner");
-  EXPECT_THAT(message, HasSubstr("Hollow has no module in its slot"));
-  expect_error([&] { (void)KeyTranslator::from_tree(root, registry); }, ErrorCode::kEmptySlot,
-               "layers.0.inner");
+  EXPECT_THAT([&] { (void)unwrap_reference(root, registry); },
+              ThrowsError(ErrorCode::kEmptySlot, "layers.0.inner",
+                          HasSubstr("Hollow has no module in its slot")));
+  EXPECT_THAT([&] { (void)KeyTranslator::from_tree(root, registry); },
+              ThrowsError(ErrorCode::kEmptySlot, "layers.0.inner"));
 }
 
 TEST(Adversarial, AModuleReachedByAThousandPathsKeepsEveryKeyAndOneTensor) {
@@ -211,11 +183,10 @@ TEST(Adversarial, ALatticeWithExponentiallyManyPathsIsListedOrRefusedQuickly) {
   // Named: the first module reached by more paths than the limit (2^25 > 2^24).
   std::string bottom_path;
   for (int i = 0; i < 25; ++i) bottom_path += i ? ".left" : "left";
-  const auto message =
-      expect_error([&] { (void)view.state_dict(); }, ErrorCode::kTooManyPaths, bottom_path);
-  EXPECT_THAT(message, HasSubstr("more than 16777216 paths"));
-  expect_error([&] { (void)KeyTranslator::from_tree(huge); }, ErrorCode::kTooManyPaths,
-               bottom_path);
+  EXPECT_THAT([&] { (void)view.state_dict(); }, ThrowsError(ErrorCode::kTooManyPaths, bottom_path,
+                                                            HasSubstr("more than 16777216 paths")));
+  EXPECT_THAT([&] { (void)KeyTranslator::from_tree(huge); },
+              ThrowsError(ErrorCode::kTooManyPaths, bottom_path));
 }
 
 /// Wrapper kinds a framework author might add.
@@ -229,24 +200,24 @@ TEST(Adversarial, TwoKindsClaimingOneTypeOrOneKindTwiceLeaveTheRegistryAsItWas) 
   const auto before = r.names();
   r.add(wrapper_kind<FirstImpl>("First", "first_module"));
   // The same kind again, by name.
-  auto message = expect_error([&] { r.add(wrapper_kind<FirstImpl>("First", "first_module")); },
-                              ErrorCode::kDuplicateKind, "first_module");
-  EXPECT_THAT(message, HasSubstr("'First' is already registered"));
+  EXPECT_THAT([&] { r.add(wrapper_kind<FirstImpl>("First", "first_module")); },
+              ThrowsError(ErrorCode::kDuplicateKind, "first_module",
+                          HasSubstr("'First' is already registered")));
   // Another kind claiming the same C++ type.
-  message = expect_error([&] { r.add(wrapper_kind<FirstImpl>("Second", "second_module")); },
-                         ErrorCode::kDuplicateKind, "second_module");
-  EXPECT_THAT(message, HasSubstr("already registered as 'First'"));
+  EXPECT_THAT([&] { r.add(wrapper_kind<FirstImpl>("Second", "second_module")); },
+              ThrowsError(ErrorCode::kDuplicateKind, "second_module",
+                          HasSubstr("already registered as 'First'")));
   // A built-in name for a new type.
-  message = expect_error([&] { r.add(wrapper_kind<FirstImpl>("DataParallel", "module")); },
-                         ErrorCode::kDuplicateKind, "module");
+  EXPECT_THAT([&] { r.add(wrapper_kind<FirstImpl>("DataParallel", "module")); },
+              ThrowsError(ErrorCode::kDuplicateKind, "module"));
 
   auto expected = before;
   expected.emplace_back("First");
   EXPECT_EQ(r.names(), expected) << "nothing half-registered";
   auto model = std::make_shared<torch::nn::Module>();
   model->register_module("layer", std::make_shared<FirstImpl>(linear()));
-  EXPECT_THAT(keys_of(unwrap_reference(model, r).state_dict()),
-              ElementsAre("layer.weight", "layer.bias"));
+  EXPECT_THAT(unwrap_reference(model, r).state_dict(),
+              HasKeys(ElementsAre("layer.weight", "layer.bias")));
 }
 
 nlohmann::json golden_dump(const std::string& name) {
@@ -260,9 +231,8 @@ TEST(Adversarial, AnUnknownWrapperClassInAPythonDumpIsReportedNotDropped) {
   // A wrapper class the dump maps to a kind wrapcert does not have: an error naming the path.
   auto dump = golden_dump("dump_data_parallel");
   dump["wrappers"]["DataParallel"] = "DataParallelV9";
-  const auto message = expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); },
-                                    ErrorCode::kUnknownWrapper, "");
-  EXPECT_THAT(message, HasSubstr("DataParallelV9"));
+  EXPECT_THAT([&] { (void)bridge::load_tree_dump(dump.dump()); },
+              ThrowsError(ErrorCode::kUnknownWrapper, "", HasSubstr("DataParallelV9")));
 
   // A wrapper class the dump does not declare: mirrored as a plain module, so its slot stays in
   // the keys and P1 fails naming the first leftover key (nothing is silently unwrapped).
@@ -278,15 +248,16 @@ TEST(Adversarial, AnUnknownWrapperClassInAPythonDumpIsReportedNotDropped) {
 TEST(Adversarial, ADumpWithACycleOrADanglingChildIsAnErrorNamingThePath) {
   auto dump = golden_dump("dump_data_parallel");
   dump["nodes"][4]["children"][0][1] = 1;  // module.layers.0.proj is Net again
-  expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); }, ErrorCode::kCycle,
-               "module.layers.0.proj");
+  EXPECT_THAT([&] { (void)bridge::load_tree_dump(dump.dump()); },
+              ThrowsError(ErrorCode::kCycle, "module.layers.0.proj"));
   dump = golden_dump("dump_data_parallel");
   dump["nodes"][4]["children"][0][1] = 999;
-  expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); }, ErrorCode::kMalformedInput,
-               "module.layers.0.proj");
+  EXPECT_THAT([&] { (void)bridge::load_tree_dump(dump.dump()); },
+              ThrowsError(ErrorCode::kMalformedInput, "module.layers.0.proj"));
   dump = golden_dump("dump_data_parallel");
   dump["nodes"][0]["children"] = nlohmann::json::array();  // DataParallel with an empty slot
-  expect_error([&] { (void)bridge::load_tree_dump(dump.dump()); }, ErrorCode::kWrapperState, "");
+  EXPECT_THAT([&] { (void)bridge::load_tree_dump(dump.dump()); },
+              ThrowsError(ErrorCode::kWrapperState, ""));
 }
 
 TEST(Adversarial, ADumpDeeperThanTheStackLoads) {

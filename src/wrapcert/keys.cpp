@@ -1,3 +1,4 @@
+#include <wrapcert/detail/path.h>
 #include <wrapcert/error.h>
 #include <wrapcert/keys.h>
 #include <wrapcert/unwrap.h>
@@ -58,33 +59,8 @@ StateDict KeyTranslator::to_wrapped(const StateDict& state) const {
   return out;
 }
 
-namespace {
-
-/// The dotted components of a key, empty ones included ("a..b" has three, "" has one).
-class Components {
- public:
-  explicit Components(std::string_view s) : rest_(s) {}
-  bool next(std::string_view& out) {
-    if (done_) return false;
-    const auto dot = rest_.find('.');
-    out = rest_.substr(0, dot);
-    if (dot == std::string_view::npos) {
-      done_ = true;
-    } else {
-      rest_.remove_prefix(dot + 1);
-    }
-    return true;
-  }
-
- private:
-  std::string_view rest_;
-  bool done_ = false;
-};
-
-}  // namespace
-
 bool removes_whole_components(std::string_view wrapped, std::string_view clean) {
-  Components have(wrapped), want(clean);
+  detail::PathComponents have(wrapped), want(clean);
   std::string_view w, c;
   while (want.next(c)) {
     bool found = false;

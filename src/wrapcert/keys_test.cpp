@@ -1,4 +1,5 @@
 #include <wrapcert/fixtures/demo.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
@@ -10,6 +11,7 @@ namespace wrapcert {
 namespace {
 
 using test_support::ChainImpl;
+using test_support::ThrowsError;
 using test_support::UserModuleImpl;
 
 TEST(KeyTranslator, MapsTheSeedsKeyAndBack) {
@@ -60,13 +62,8 @@ TEST(KeyTranslator, LeavesUserNamesThatLookLikeSlotsAlone) {
 
 TEST(KeyTranslator, NamesAnUnknownKey) {
   auto tr = KeyTranslator::from_tree(wrap(fixtures::make_demo_model(), "", "DataParallel"));
-  try {
-    (void)tr.to_clean("module.model.layers.9.mlp.up_proj.weight");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnknownKey);
-    EXPECT_EQ(e.key_path(), "module.model.layers.9.mlp.up_proj.weight");
-  }
+  EXPECT_THAT([&] { (void)tr.to_clean("module.model.layers.9.mlp.up_proj.weight"); },
+              ThrowsError(ErrorCode::kUnknownKey, "module.model.layers.9.mlp.up_proj.weight"));
 }
 
 TEST(RemovesWholeComponents, AcceptsOnlyWholeComponentsInOrder) {

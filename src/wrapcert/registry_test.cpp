@@ -1,3 +1,4 @@
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
@@ -7,6 +8,10 @@
 
 namespace wrapcert {
 namespace {
+
+using test_support::ThrowsError;
+using ::testing::_;
+using ::testing::HasSubstr;
 
 /// A wrapper kind a framework author might add: their own type, their own slot.
 class ShardedImpl : public WrapperImpl {
@@ -39,13 +44,8 @@ TEST(Registry, RejectsAKindRegisteredTwiceByNameOrType) {
   Registry r = Registry::with_builtins();
   r.add(wrapper_kind<ShardedImpl>("Sharded", "_sharded_module"));
   EXPECT_THROW(r.add(wrapper_kind<ShardedImpl>("Sharded", "_sharded_module")), Error);
-  try {
-    r.add(wrapper_kind<ShardedImpl>("ShardedAgain", "_sharded_module"));
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kDuplicateKind);
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("'Sharded'"));
-  }
+  EXPECT_THAT([&] { r.add(wrapper_kind<ShardedImpl>("ShardedAgain", "_sharded_module")); },
+              ThrowsError(ErrorCode::kDuplicateKind, _, HasSubstr("'Sharded'")));
 }
 
 TEST(Registry, UnwrapsAUserRegisteredKindOnlyWhereItIsRegistered) {

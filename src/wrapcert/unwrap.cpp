@@ -50,20 +50,20 @@ ModulePtr duck_unwrap(const ModulePtr& module, const Registry& registry, int dep
 
 }  // namespace
 
-std::string_view to_string(Subject subject) {
+std::string_view to_string(BuiltinUnwrap subject) {
   switch (subject) {
-    case Subject::kLegacy:
+    case BuiltinUnwrap::kLegacy:
       return "legacy";
-    case Subject::kDuckTyped:
+    case BuiltinUnwrap::kDuckTyped:
       return "duck_typed";
-    case Subject::kReference:
+    case BuiltinUnwrap::kReference:
       return "reference";
   }
   return "unknown";
 }
 
-Subject subject_from_string(std::string_view name) {
-  for (Subject s : all_subjects()) {
+BuiltinUnwrap subject_from_string(std::string_view name) {
+  for (BuiltinUnwrap s : all_subjects()) {
     if (to_string(s) == name) return s;
   }
   throw Error(
@@ -71,8 +71,8 @@ Subject subject_from_string(std::string_view name) {
       "unknown unwrap subject '" + std::string(name) + "' (known: legacy, duck_typed, reference)");
 }
 
-std::vector<Subject> all_subjects() {
-  return {Subject::kLegacy, Subject::kDuckTyped, Subject::kReference};
+std::vector<BuiltinUnwrap> all_subjects() {
+  return {BuiltinUnwrap::kLegacy, BuiltinUnwrap::kDuckTyped, BuiltinUnwrap::kReference};
 }
 
 ModulePtr unwrap_legacy(const ModulePtr& root, const Registry& registry) {
@@ -115,13 +115,13 @@ ModuleView unwrap_reference(const ModulePtr& root, const Registry& registry) {
   return ModuleView::build(root, registered_wrappers(registry));
 }
 
-ModuleView unwrap(Subject subject, const ModulePtr& root, const Registry& registry) {
+ModuleView unwrap(BuiltinUnwrap subject, const ModulePtr& root, const Registry& registry) {
   switch (subject) {
-    case Subject::kLegacy:
+    case BuiltinUnwrap::kLegacy:
       return ModuleView::of(unwrap_legacy(root, registry));
-    case Subject::kDuckTyped:
+    case BuiltinUnwrap::kDuckTyped:
       return ModuleView::of(unwrap_duck_typed(root, registry));
-    case Subject::kReference:
+    case BuiltinUnwrap::kReference:
       return unwrap_reference(root, registry);
   }
   throw Error(ErrorCode::kInvalidArgument, "", "unknown unwrap subject");

@@ -9,7 +9,7 @@
 ///   }
 ///
 /// `legacy` and `duck_typed` reproduce behaviours that real projects shipped; they are kept as
-/// subjects so that tests and reports can show how they fail (SEMANTICS.md §2, hazards 1-3).
+/// subjects so that tests and reports can show how they fail (docs/SEMANTICS.md §2, hazards 1-3).
 
 #include <wrapcert/view.h>
 
@@ -18,16 +18,18 @@
 
 namespace wrapcert {
 
-enum class Subject {
+/// The unwrap functions wrapcert ships: the reference and the two it replaces. Certification
+/// runs any of them as its subject (`props::subject`), or an unwrap function of your own.
+enum class BuiltinUnwrap {
   kLegacy,     ///< follow the wrapper chain from the root only (the pre-fix behaviour)
   kDuckTyped,  ///< accelerate's `recursive=True`: anything with a `module` attribute, in place
   kReference,  ///< type-directed, recursive, non-destructive
 };
 
-std::string_view to_string(Subject subject);
+std::string_view to_string(BuiltinUnwrap subject);
 /// "legacy", "duck_typed" or "reference"; throws `Error` (kInvalidArgument) otherwise.
-Subject subject_from_string(std::string_view name);
-std::vector<Subject> all_subjects();
+BuiltinUnwrap subject_from_string(std::string_view name);
+std::vector<BuiltinUnwrap> all_subjects();
 
 /// Sees through every wrapper of a kind registered in `registry` (which must outlive it).
 SeeThrough registered_wrappers(const Registry& registry);
@@ -60,7 +62,7 @@ ModuleView unwrap_reference(const ModulePtr& root, const Registry& registry = Re
 
 /// Any subject's result as a view. For `kLegacy` and `kDuckTyped` the view shows the module the
 /// subject returned, as it is; `kDuckTyped` has changed `root` in place by then.
-ModuleView unwrap(Subject subject, const ModulePtr& root,
+ModuleView unwrap(BuiltinUnwrap subject, const ModulePtr& root,
                   const Registry& registry = Registry::global());
 
 /// A permanent unwrap, as a trainer does before saving for good: every wrapper of a registered

@@ -1,4 +1,5 @@
 #include <wrapcert/fixtures/demo.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
@@ -12,8 +13,9 @@ namespace {
 using fixtures::DemoConfig;
 using fixtures::make_demo_model;
 using test_support::ChainImpl;
-using test_support::keys_of;
+using test_support::HasKeys;
 using test_support::same_tensors;
+using test_support::ThrowsError;
 using test_support::UserModuleImpl;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -48,10 +50,10 @@ TEST(UnwrapReference, RemovesNestedWrappersAnywhere) {
   auto model = make_demo_model();
   const auto original = state_dict(model);
   auto wrapped = heavily_wrapped(model);
-  ASSERT_NE(keys_of(state_dict(wrapped)), keys_of(original));
+  ASSERT_NE(keys(state_dict(wrapped)), keys(original));
 
   const auto unwrapped = unwrap_reference(wrapped).state_dict();
-  EXPECT_EQ(keys_of(unwrapped), keys_of(original));  // same length, same order
+  EXPECT_THAT(unwrapped, HasKeys(keys(original)));  // same length, same order
   EXPECT_TRUE(same_tensors(unwrapped, original));
   EXPECT_TRUE(wrapped_state(unwrap_reference(wrapped)).is_empty());
 }
@@ -65,13 +67,13 @@ TEST(UnwrapReference, PreservesTies) {
 TEST(UnwrapReference, DoesNotMutateTheWrappedModel) {
   auto wrapped = heavily_wrapped(make_demo_model());
   const auto tree_before = format_tree(wrapped);
-  const auto keys_before = keys_of(state_dict(wrapped));
+  const auto keys_before = keys(state_dict(wrapped));
   const auto out_before = call(*wrapped, tokens());
 
   (void)unwrap_reference(wrapped);
 
   EXPECT_EQ(format_tree(wrapped), tree_before);
-  EXPECT_EQ(keys_of(state_dict(wrapped)), keys_before);
+  EXPECT_THAT(state_dict(wrapped), HasKeys(keys_before));
   auto wrappers = wrappers_in(wrapped);
   ASSERT_EQ(wrappers.size(), 8u);
   for (auto& w : wrappers) w->reset_calls();
@@ -89,7 +91,7 @@ TEST(UnwrapReference, IsIdentityOnUnwrappedModelAndIdempotent) {
   auto wrapped = heavily_wrapped(model);
   auto once = unwrap_reference(wrapped);
   auto twice = unwrap_reference(once.root().module);
-  EXPECT_EQ(keys_of(twice.state_dict()), keys_of(once.state_dict()));
+  EXPECT_THAT(twice.state_dict(), HasKeys(keys(once.state_dict())));
 }
 
 TEST(UnwrapReference, KeepsSharedSubmodulesShared) {
@@ -107,8 +109,8 @@ TEST(UnwrapReference, KeepsSharedSubmodulesShared) {
   const auto view = unwrap_reference(wrapped);
   EXPECT_EQ(view.size(), 4u);  // root, a, b, proj: the shared module is one node
   const auto sd = view.state_dict();
-  EXPECT_THAT(keys_of(sd),
-              ElementsAre("a.proj.weight", "a.proj.bias", "b.proj.weight", "b.proj.bias"));
+  EXPECT_THAT(sd,
+              HasKeys(ElementsAre("a.proj.weight", "a.proj.bias", "b.proj.weight", "b.proj.bias")));
   EXPECT_TRUE(sd["a.proj.weight"].is_same(sd["b.proj.weight"]));
 }
 
@@ -118,14 +120,8 @@ TEST(UnwrapReference, RejectsACycleNamingThePath) {
   root->register_module("inner", inner);
   auto wrapper = std::make_shared<DataParallelImpl>(root);  // DataParallel(root)
   inner->register_module("back", wrapper);                  // root.inner.back -> root again
-  try {
-    (void)unwrap_reference(wrapper);
-    FAIL() << "expected a cycle error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kCycle);
-    EXPECT_EQ(e.key_path(), "module.inner.back");
-    EXPECT_THAT(e.what(), HasSubstr("its own ancestor"));
-  }
+  EXPECT_THAT([&] { (void)unwrap_reference(wrapper); },
+              ThrowsError(ErrorCode::kCycle, "module.inner.back", HasSubstr("its own ancestor")));
   EXPECT_EQ(unwrap_legacy(wrapper), root) << "legacy only follows the root chain";
   inner->replace_module("back", torch::nn::Linear(1, 1));  // break the reference cycle
 }
@@ -137,7 +133,7 @@ TEST(UnwrapReference, HandlesATenThousandDeepChain) {
   for (int i = 0; i < 10000; ++i) m = kinds[i % kinds.size()].make(m);
   const auto view = unwrap_reference(m);
   EXPECT_EQ(view.root().module, leaf);
-  EXPECT_THAT(keys_of(view.state_dict()), ElementsAre("weight", "bias"));
+  EXPECT_THAT(view.state_dict(), HasKeys(ElementsAre("weight", "bias")));
   EXPECT_EQ(view.root_via().size(), 10000u);
   EXPECT_EQ(unwrap_legacy(m), leaf);
 }
@@ -145,13 +141,8 @@ TEST(UnwrapReference, HandlesATenThousandDeepChain) {
 TEST(UnwrapReference, RejectsEmptySlotAndUndeclaredWrapperState) {
   auto wrapper = std::make_shared<DataParallelImpl>(torch::nn::Linear(2, 2).ptr());
   wrapper->register_parameter("stray", torch::zeros({1}));
-  try {
-    (void)unwrap_reference(wrapper);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kWrapperState);
-    EXPECT_EQ(e.key_path(), "stray");
-  }
+  EXPECT_THAT([&] { (void)unwrap_reference(wrapper); },
+              ThrowsError(ErrorCode::kWrapperState, "stray"));
 
   Registry registry = Registry::with_builtins();
   struct HollowImpl : ChainImpl {};
@@ -159,25 +150,20 @@ TEST(UnwrapReference, RejectsEmptySlotAndUndeclaredWrapperState) {
   auto empty = std::make_shared<HollowImpl>();
   auto root = std::make_shared<ChainImpl>();
   root->register_module("w", empty);
-  try {
-    (void)unwrap_reference(root, registry);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kEmptySlot);
-    EXPECT_EQ(e.key_path(), "w.inner");  // the slot that is empty
-  }
+  EXPECT_THAT([&] { (void)unwrap_reference(root, registry); },
+              ThrowsError(ErrorCode::kEmptySlot, "w.inner"));  // the slot that is empty
 }
 
 TEST(UnwrapLegacy, LeavesInnerWrappers) {
   auto model = make_demo_model();
-  const auto original = keys_of(state_dict(model));
+  const auto original = keys(state_dict(model));
   auto wrapped = auto_wrap(model, {fixtures::kDemoNoSplitModule}, kFsdp2);
-  const auto view = unwrap(Subject::kLegacy, wrapped);
+  const auto view = unwrap(BuiltinUnwrap::kLegacy, wrapped);
   EXPECT_EQ(view.root().module, model);
-  EXPECT_NE(keys_of(view.state_dict()), original);
+  EXPECT_NE(keys(view.state_dict()), original);
   EXPECT_EQ(wrapped_state(view).size(), 2u * 9u);  // every key of both layers
-  EXPECT_THAT(keys_of(view.state_dict()),
-              ::testing::Contains("model.layers.0._orig_module.mlp.down_proj.weight"));
+  EXPECT_THAT(view.state_dict(),
+              HasKeys(::testing::Contains("model.layers.0._orig_module.mlp.down_proj.weight")));
 }
 
 TEST(UnwrapLegacy, AgreesWithReferenceOnARootChain) {
@@ -186,22 +172,22 @@ TEST(UnwrapLegacy, AgreesWithReferenceOnARootChain) {
   for (const char* kind : {"OptimizedModule", "DistributedDataParallel", kFsdp2, "DataParallel"}) {
     wrapped = wrap(wrapped, "", kind);
   }
-  EXPECT_EQ(keys_of(unwrap(Subject::kLegacy, wrapped).state_dict()),
-            keys_of(unwrap_reference(wrapped).state_dict()));
+  EXPECT_THAT(unwrap(BuiltinUnwrap::kLegacy, wrapped).state_dict(),
+              HasKeys(keys(unwrap_reference(wrapped).state_dict())));
 }
 
 TEST(UnwrapDuckTyped, DropsTheSiblingsOfAUserChildNamedModule) {
   auto root = std::make_shared<ChainImpl>();
   root->register_module("norm", std::make_shared<UserModuleImpl>("module"));
-  const auto original = keys_of(state_dict(root));
+  const auto original = keys(state_dict(root));
   ASSERT_THAT(original, ElementsAre("norm.scale", "norm.module.weight", "norm.module.bias",
                                     "norm.extra.weight", "norm.extra.bias"));
 
   // Reference: a user module is not a wrapper, whatever its children are called.
-  EXPECT_EQ(keys_of(unwrap_reference(root).state_dict()), original);
+  EXPECT_THAT(unwrap_reference(root).state_dict(), HasKeys(original));
   // Duck-typed: `hasattr(norm, "module")` holds, so `norm` is replaced by its child and its
   // own `scale` and its `extra` child are silently gone (hazard 2).
-  const auto duck = keys_of(unwrap(Subject::kDuckTyped, root).state_dict());
+  const auto duck = keys(unwrap(BuiltinUnwrap::kDuckTyped, root).state_dict());
   EXPECT_THAT(duck, ElementsAre("norm.weight", "norm.bias"));
 }
 
@@ -213,7 +199,7 @@ TEST(UnwrapDuckTyped, MutatesTheLiveModel) {
 
   auto result = unwrap_duck_typed(wrapped);
   EXPECT_EQ(result, model);
-  EXPECT_EQ(keys_of(state_dict(result)), keys_of(state_dict(make_demo_model())));
+  EXPECT_THAT(state_dict(result), HasKeys(keys(state_dict(make_demo_model()))));
   // The wrapped model lost its per-layer wrappers: training on it runs unsharded (hazard 3).
   for (auto& w : wrappers) w->reset_calls();
   (void)call(*wrapped, tokens());
@@ -226,15 +212,10 @@ TEST(UnwrapDuckTyped, MutatesTheLiveModel) {
 TEST(UnwrapDuckTyped, StopsAtPythonsRecursionLimit) {
   ModulePtr m = torch::nn::Linear(2, 2).ptr();
   for (int i = 0; i < 1500; ++i) m = std::make_shared<DataParallelImpl>(m);
-  try {
-    (void)unwrap_duck_typed(m);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kRecursionLimit);
-  }
+  EXPECT_THAT([&] { (void)unwrap_duck_typed(m); }, ThrowsError(ErrorCode::kRecursionLimit));
 }
 
-TEST(Subject, RoundTripsThroughItsName) {
+TEST(BuiltinUnwrap, RoundTripsThroughItsName) {
   for (auto s : all_subjects()) EXPECT_EQ(subject_from_string(to_string(s)), s);
   EXPECT_THROW(subject_from_string("recursive"), Error);
 }

@@ -1,3 +1,4 @@
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
@@ -9,6 +10,7 @@ namespace wrapcert {
 namespace {
 
 using test_support::ChainImpl;
+using test_support::ThrowsError;
 using ::testing::ElementsAre;
 
 /// A module with a parameter, a buffer and a child, in that registration order.
@@ -35,12 +37,7 @@ TEST(StateDict, LeavesOutNonPersistentBuffers) {
   mark_non_persistent(child, "inv_freq");
   EXPECT_THAT(keys(state_dict(root)), ElementsAre("p", "q", "running", "child.fc.weight"));
   EXPECT_EQ(child->named_buffers().size(), 1u) << "the buffer itself stays registered";
-  try {
-    mark_non_persistent(child, "nope");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnknownKey);
-  }
+  EXPECT_THAT([&] { mark_non_persistent(child, "nope"); }, ThrowsError(ErrorCode::kUnknownKey));
 }
 
 TEST(ModuleView, ListsEveryPathOfASharedModule) {

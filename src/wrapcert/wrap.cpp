@@ -18,12 +18,6 @@ namespace {
 
 using detail::join_path;
 
-std::pair<std::string_view, std::string> split_last(std::string_view path) {
-  const auto dot = path.rfind('.');
-  if (dot == std::string_view::npos) return {"", std::string(path)};
-  return {path.substr(0, dot), std::string(path.substr(dot + 1))};
-}
-
 /// Index of `name` in a list container ("3" -> 3), checked against the registry order.
 size_t list_index(const torch::nn::Module& parent, const std::string& name) {
   size_t i = 0;
@@ -61,10 +55,9 @@ ModulePtr module_at(const ModulePtr& root, std::string_view path) {
   if (!root) throw Error(ErrorCode::kInvalidArgument, std::string(path), "null root module");
   ModulePtr current = root;
   std::string walked;
-  size_t start = 0;
-  while (start <= path.size() && !path.empty()) {
-    const size_t dot = std::min(path.find('.', start), path.size());
-    const std::string name(path.substr(start, dot - start));
+  std::string_view part;
+  for (detail::PathComponents components(path); !path.empty() && components.next(part);) {
+    const std::string name(part);
     walked = join_path(walked, name);
     auto child = find_child(*current, name);
     if (!child) {
@@ -72,7 +65,6 @@ ModulePtr module_at(const ModulePtr& root, std::string_view path) {
                   "Submodule '" + name + "' is not defined in " + python_type_name(*current));
     }
     current = std::move(child);
-    start = dot + 1;
   }
   return current;
 }
@@ -102,10 +94,13 @@ ModulePtr wrap(const ModulePtr& root, std::string_view path, const WrapperKind& 
     throw Error(ErrorCode::kInvalidArgument, std::string(path),
                 "wrapper kind '" + kind.name + "' has no constructor (`make`)");
   }
-  auto wrapper = kind.make(target);
-  if (path.empty()) return wrapper;
-  auto [parent_path, name] = split_last(path);
-  replace_child(*module_at(root, parent_path), name, std::move(wrapper));
+  return replace_at(root, path, kind.make(target));
+}
+
+ModulePtr replace_at(const ModulePtr& root, std::string_view path, ModulePtr module) {
+  if (path.empty()) return module;
+  const auto [parent_path, name] = detail::split_last(path);
+  replace_child(*module_at(root, parent_path), std::string(name), std::move(module));
   return root;
 }
 

@@ -26,6 +26,10 @@ ModulePtr module_at(const ModulePtr& root, std::string_view path);
 /// child, and (kInvalidArgument) for a `Sequential` element that is not a single-tensor module.
 void replace_child(torch::nn::Module& parent, const std::string& name, ModulePtr child);
 
+/// Puts `module` at dotted `path` under `root` (with `replace_child`) and returns the root:
+/// `module` itself when `path` is "". Throws as `module_at` and `replace_child` do.
+ModulePtr replace_at(const ModulePtr& root, std::string_view path, ModulePtr module);
+
 /// Wraps the module at `path` in a new wrapper of `kind` and returns the (possibly new) root.
 ModulePtr wrap(const ModulePtr& root, std::string_view path, const WrapperKind& kind);
 ModulePtr wrap(const ModulePtr& root, std::string_view path, std::string_view kind_name,

@@ -1,4 +1,5 @@
 #include <wrapcert/fixtures/demo.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/models.h>
 #include <wrapcert/wrapcert.h>
 
@@ -13,6 +14,8 @@
 namespace wrapcert {
 namespace {
 
+using test_support::ThrowsError;
+using ::testing::_;
 using ::testing::HasSubstr;
 
 std::shared_ptr<WrapperImpl> as_wrapper(const ModulePtr& m) {
@@ -94,32 +97,20 @@ TEST(AutoWrap, WrapsEveryLayerAndTheRootAndAllRun) {
 }
 
 TEST(AutoWrap, RejectsAClassNameThatMatchesNothing) {
-  try {
-    (void)auto_wrap(fixtures::make_demo_model(), {"GemmaDecoderLayer"}, "DataParallel");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("GemmaDecoderLayer"));
-  }
+  EXPECT_THAT(
+      [] { (void)auto_wrap(fixtures::make_demo_model(), {"GemmaDecoderLayer"}, "DataParallel"); },
+      ThrowsError(ErrorCode::kInvalidArgument, _, HasSubstr("GemmaDecoderLayer")));
 }
 
 TEST(Wrap, NamesTheMissingPathComponent) {
-  try {
-    (void)wrap(fixtures::make_demo_model(), "model.layers.7.mlp", "DataParallel");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnknownPath);
-    EXPECT_EQ(e.key_path(), "model.layers.7");
-  }
+  EXPECT_THAT([] { (void)wrap(fixtures::make_demo_model(), "model.layers.7.mlp", "DataParallel"); },
+              ThrowsError(ErrorCode::kUnknownPath, "model.layers.7"));
 }
 
 TEST(Wrap, NamesTheKnownKindsForAnUnknownOne) {
-  try {
-    (void)wrap(fixtures::make_demo_model(), "", "FSDP3");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnknownWrapper);
-    EXPECT_THAT(e.what(), HasSubstr("SpmdFullyShardedDataParallel"));
-  }
+  EXPECT_THAT(
+      [] { (void)wrap(fixtures::make_demo_model(), "", "FSDP3"); },
+      ThrowsError(ErrorCode::kUnknownWrapper, _, HasSubstr("SpmdFullyShardedDataParallel")));
 }
 
 TEST(Call, RejectsAModuleItCannotRun) {

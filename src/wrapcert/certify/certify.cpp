@@ -154,15 +154,10 @@ Entry run_layout(const std::string& kind, const Model& config, const props::Unwr
       entry.reason = std::move(reason);
       entry.key = std::move(key);
     };
-    if (property == "P1 keys" && state.keys() != original.keys()) {
-      std::string key = state.size() > original.size() ? state[original.size()].key() : "";
-      for (size_t i = 0; i < std::min(state.size(), original.size()); ++i) {
-        if (state[i].key() != original[i].key()) {
-          key = state[i].key();
-          break;
-        }
+    if (property == "P1 keys") {
+      if (const auto d = props::first_key_difference(state.keys(), original.keys())) {
+        fail("the unwrapped keys differ from the model's: " + d->describe(), d->key());
       }
-      fail("the unwrapped keys differ from the model's", key);
     } else if (property == "P2 identity") {
       for (const auto& item : original) {
         const auto* got = state.find(item.key());
@@ -404,7 +399,7 @@ Entry run_isolated(const Entry& blank, const Options& options,
 /// The command line that runs the check of `entry` again.
 std::string replay_command(const Entry& entry, const Options& options) {
   if (options.custom_subject) {
-    return "certify() with seed " + std::to_string(options.seed) + ", " +
+    return "certify::run() with seed " + std::to_string(options.seed) + ", " +
            std::to_string(options.cases) + " cases, max size " + std::to_string(options.max_size) +
            " and the subject '" + options.custom_subject_name + "', for " + entry.kind + " on " +
            entry.target;
@@ -456,7 +451,7 @@ size_t Report::count(Status status) const {
   return n;
 }
 
-Report certify(const Options& options, const Listener& listener) {
+Report run(const Options& options, const Listener& listener) {
   Report report;
   report.options = options;
   if (report.options.kinds.empty()) report.options.kinds = Registry::global().names_with_modes();
@@ -523,10 +518,10 @@ Report certify(const Options& options, const Listener& listener) {
   return report;
 }
 
-Report certify(const WrapperKind& registration, Options options, const Listener& listener) {
+Report run(const WrapperKind& registration, Options options, const Listener& listener) {
   const ScopedRegistration scope(registration);
   options.kinds = {registration.name};
-  return certify(options, listener);
+  return run(options, listener);
 }
 
 }  // namespace wrapcert::certify

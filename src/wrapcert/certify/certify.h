@@ -1,7 +1,7 @@
 #pragma once
 /// Certification of wrapper kinds against P1-P16, for authors of new wrappers.
 ///
-///   auto report = wrapcert::certify::certify(
+///   auto report = wrapcert::certify::run(
 ///       wrapcert::wrapper_kind<MyShardImpl>("MyShard", "_sharded"));
 ///   std::cout << wrapcert::certify::to_markdown(report);
 ///   return report.passed() ? 0 : 1;
@@ -42,7 +42,7 @@ struct Options {
   /// Whole models to run on besides the generated trees: full-size layouts (on meta) for P1-P3,
   /// tiny ones for P4. Empty: the generated trees alone.
   std::vector<Model> models;
-  Subject subject = Subject::kReference;
+  BuiltinUnwrap subject = BuiltinUnwrap::kReference;
   /// An unwrap function of your own, certified in place of `subject` when set: the kinds wrap
   /// the generated trees and the fixtures, and it must give the model back.
   props::UnwrapSubject custom_subject;
@@ -89,14 +89,14 @@ struct Report {
 };
 
 /// Runs every property for each kind on generated trees (the kind mixed with the built-in
-/// kinds) and on the fixtures, each check in its own child process unless `isolate` is off.
+/// kinds) and on `models`, each check in its own child process unless `isolate` is off.
 /// Throws `Error` for an unknown kind or a bad option.
-Report certify(const Options& options, const Listener& listener = nullptr);
+Report run(const Options& options, const Listener& listener = nullptr);
 /// Certifies `registration`, registered for this run alone (unless a kind of its name is
 /// registered already): the global registry is as it was when the call returns, so no
 /// certification depends on what ran before it.
-Report certify(const WrapperKind& registration, Options options = {},
-               const Listener& listener = nullptr);
+Report run(const WrapperKind& registration, Options options = {},
+           const Listener& listener = nullptr);
 
 /// The subject's name in reports: `custom_subject_name`, or the built-in subject's.
 std::string subject_name(const Options& options);

@@ -26,7 +26,7 @@ inline void expect_certified(const Report& report) {
 }  // namespace wrapcert::certify
 
 /// Defines a test that certifies a wrapper kind: the arguments are those of `certify(...)`.
-#define WRAPCERT_CERTIFY_TEST(Suite, Name, ...)                                       \
-  TEST(Suite, Name) {                                                                 \
-    ::wrapcert::certify::expect_certified(::wrapcert::certify::certify(__VA_ARGS__)); \
+#define WRAPCERT_CERTIFY_TEST(Suite, Name, ...)                                   \
+  TEST(Suite, Name) {                                                             \
+    ::wrapcert::certify::expect_certified(::wrapcert::certify::run(__VA_ARGS__)); \
   }

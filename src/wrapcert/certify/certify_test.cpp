@@ -94,7 +94,7 @@ Options quick() {
 }
 
 TEST(Certify, CertifiesACorrectNewKind) {
-  const auto report = certify(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  const auto report = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
   EXPECT_TRUE(report.passed()) << to_markdown(report);
   size_t relay = 0;
   for (const auto& e : report.entries) {
@@ -112,18 +112,18 @@ TEST(Certify, CertifiesACorrectNewKind) {
 
 TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
   const auto before = Registry::global().names();
-  const auto loud = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  const auto loud = run(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
   EXPECT_FALSE(loud.passed());
   EXPECT_EQ(Registry::global().names(), before);
   // The correct kind is certified after the faulty one exactly as on its own: the faulty kind
   // is not drawn into its trees.
-  const auto relay = certify(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  const auto relay = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
   EXPECT_TRUE(relay.passed()) << to_markdown(relay);
   EXPECT_EQ(Registry::global().names(), before);
 }
 
 TEST(Certify, RejectsAFaultyKindWithACounterexample) {
-  const auto report = certify(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  const auto report = run(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
   ASSERT_FALSE(report.passed());
   bool generated = false, fixture = false;
   for (const auto& e : report.entries) {
@@ -183,18 +183,17 @@ TEST(Certify, JUnitHoldsWhatXmlCannotAsReplacementCharacters) {
 TEST(Certify, ShowsTheLegacySubjectFailing) {
   auto o = quick();
   o.kinds = {"SpmdFullyShardedDataParallel"};
-  o.subject = Subject::kLegacy;
-  const auto report = certify(o);
+  o.subject = BuiltinUnwrap::kLegacy;
+  const auto report = run(o);
   EXPECT_FALSE(report.passed());
-  o.subject = Subject::kReference;
-  EXPECT_TRUE(certify(o).passed());
+  o.subject = BuiltinUnwrap::kReference;
+  EXPECT_TRUE(run(o).passed());
 }
 
 TEST(Certify, AWrapperThatCrashesIsAFailedEntryWithAReplayNotADeadRun) {
   auto o = quick();
   o.models = fixtures::certification_models({"tiny-mistral"});
-  const auto report =
-      certify(wrapper_kind<CrashingRelayImpl>("CrashingRelay", "_relayed_module"), o);
+  const auto report = run(wrapper_kind<CrashingRelayImpl>("CrashingRelay", "_relayed_module"), o);
   ASSERT_FALSE(report.passed());
   bool crashed = false;
   for (const auto& e : report.entries) {
@@ -215,7 +214,7 @@ TEST(Certify, AFaultOnlyABatchOfOneShowsIsFoundOnGeneratedTreesNamingAKey) {
   auto o = quick();
   o.models = {};
   const auto report =
-      certify(wrapper_kind<BatchOfOneSkipperImpl>("BatchOfOneSkipper", "_relayed_module"), o);
+      run(wrapper_kind<BatchOfOneSkipperImpl>("BatchOfOneSkipper", "_relayed_module"), o);
   bool found = false;
   for (const auto& e : report.entries) {
     if (e.property != "P4 backward" || e.target != "generated trees") continue;
@@ -232,7 +231,7 @@ TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {
   auto o = quick();
   o.models = fixtures::certification_models({"tiny-mistral"});
   o.timeout_seconds = 2;
-  const auto report = certify(wrapper_kind<HangingRelayImpl>("HangingRelay", "_relayed_module"), o);
+  const auto report = run(wrapper_kind<HangingRelayImpl>("HangingRelay", "_relayed_module"), o);
   bool hung = false;
   for (const auto& e : report.entries) {
     if (e.property == "P4 backward" && e.target == "tiny-mistral") {
@@ -249,10 +248,10 @@ TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
   auto o = quick();
   o.kinds = {"DistributedDataParallel", "CheckpointWrapper"};
   o.models = fixtures::certification_models({"gemma-2b"});
-  const auto reference = props::subject(Subject::kReference);
+  const auto reference = props::subject(BuiltinUnwrap::kReference);
   o.custom_subject = [reference](const ModulePtr& wrapped) { return reference(wrapped); };
   o.custom_subject_name = "my_unwrap";
-  EXPECT_TRUE(certify(o).passed());
+  EXPECT_TRUE(run(o).passed());
   // One that loses the last key of what it would save.
   o.custom_subject = [reference](const ModulePtr& wrapped) {
     auto u = reference(wrapped);
@@ -262,7 +261,7 @@ TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
     u.state = std::move(kept);
     return u;
   };
-  const auto report = certify(o);
+  const auto report = run(o);
   ASSERT_FALSE(report.passed());
   bool keys = false;
   for (const auto& e : report.entries) {
@@ -278,8 +277,7 @@ TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
 TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   auto o = quick();
   o.models = fixtures::certification_models({"tiny-mistral"});
-  const auto report =
-      certify(wrapper_kind<ThrowingRelayImpl>("ThrowingRelay", "_relayed_module"), o);
+  const auto report = run(wrapper_kind<ThrowingRelayImpl>("ThrowingRelay", "_relayed_module"), o);
   size_t blamed = 0;
   for (const auto& e : report.entries) {
     if (e.property != "P4 backward") continue;
@@ -291,7 +289,7 @@ TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   auto broken = wrapper_kind<RelayImpl>("BrokenMake", "_relayed_module");
   broken.make = [](ModulePtr) -> ModulePtr { throw std::runtime_error("cannot shard"); };
   o.models = fixtures::certification_models({"gemma-2b"});
-  const auto make = certify(broken, o);
+  const auto make = run(broken, o);
   bool generated = false, fixture = false;
   for (const auto& e : make.entries) {
     if (e.property != "P1 keys") continue;
@@ -329,7 +327,7 @@ TEST_P(CertifyContracts, EachDeclaredContractIsCheckedByThePropertyNamedForIt) {
   auto o = quick();
   o.models = fixtures::certification_models({"gemma-2b", "tiny-mistral"});
   o.cases = 30;
-  const auto report = certify(kind, o);
+  const auto report = run(kind, o);
   std::vector<std::string> failed;
   for (const auto& e : report.entries) {
     if (e.status == Status::kFailed) {
@@ -371,7 +369,7 @@ TEST(Certify, RunsTheBuiltInFlatParameterMode) {
               ::testing::Contains("FullyShardedDataParallel[flat]"));
   o.kinds = {"FullyShardedDataParallel[flat]"};
   o.cases = 40;
-  const auto report = certify(o);
+  const auto report = run(o);
   EXPECT_TRUE(report.passed()) << to_markdown(report);
   size_t checked = 0;
   for (const auto& e : report.entries) {
@@ -385,9 +383,9 @@ TEST(Certify, RunsTheBuiltInFlatParameterMode) {
   }
   EXPECT_EQ(checked, 16u + 1u);
   // The replay of a failure names the mode so that a shell does not read it as a glob.
-  o.subject = Subject::kLegacy;
+  o.subject = BuiltinUnwrap::kLegacy;
   o.cases = 15;
-  const auto legacy = certify(o);
+  const auto legacy = run(o);
   ASSERT_FALSE(legacy.passed());
   for (const auto& e : legacy.entries) {
     if (e.status != Status::kFailed) continue;
@@ -406,26 +404,26 @@ TEST(Certify, ChecksInChildProcessesDoNotWaitOnTheParentsProcessGroup) {
   o.kinds = {"DistributedDataParallel"};
   o.models = fixtures::certification_models({"tiny-mistral"});
   o.timeout_seconds = 60;
-  const auto report = certify(o);
+  const auto report = run(o);
   EXPECT_TRUE(report.passed()) << to_markdown(report);
 }
 
 TEST(Certify, RejectsUnknownNamesAndBadOptions) {
   auto o = quick();
   o.kinds = {"FSDP3"};
-  EXPECT_THROW((void)certify(o), Error);
+  EXPECT_THROW((void)run(o), Error);
   o.kinds = {"FullyShardedDataParallel[sharded]"};  // no such mode
-  EXPECT_THROW((void)certify(o), Error);
+  EXPECT_THROW((void)run(o), Error);
   EXPECT_THROW((void)fixtures::certification_models({"llama-7b"}), Error);
   o = quick();
   o.models = {Model{"built-by-nothing", nullptr, {}, false, c10::kFloat}};
-  EXPECT_THROW((void)certify(o), Error);
+  EXPECT_THROW((void)run(o), Error);
   o = quick();
   o.cases = 0;
-  EXPECT_THROW((void)certify(o), Error);
+  EXPECT_THROW((void)run(o), Error);
   o = quick();
   o.timeout_seconds = 0;
-  EXPECT_THROW((void)certify(o), Error);
+  EXPECT_THROW((void)run(o), Error);
 }
 
 }  // namespace

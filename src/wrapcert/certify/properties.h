@@ -2,7 +2,8 @@
 /// The properties P1-P16 (docs/SEMANTICS.md §4) as plain functions over a spec and an unwrap
 /// subject, each returning a verdict: a failed check is data, not an exception.
 ///
-///   auto v = wrapcert::props::keys(spec, wrapcert::props::subject(wrapcert::Subject::kReference));
+///   auto reference = wrapcert::props::subject(wrapcert::BuiltinUnwrap::kReference);
+///   auto v = wrapcert::props::exact_keys(spec, reference);
 ///   if (!v.passed) std::cerr << v.property << ": " << v.reason << " at " << v.key << "\n";
 
 #include <wrapcert/gen/generators.h>
@@ -11,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -26,7 +28,7 @@ struct Unwrapped {
 using UnwrapSubject = std::function<Unwrapped(const ModulePtr& wrapped)>;
 
 /// The library's subjects. The reference one runs its result under a `ScopedUnwrap`.
-UnwrapSubject subject(Subject s);
+UnwrapSubject subject(BuiltinUnwrap s);
 
 /// Given a wrapped model, a function from its wrapped keys to clean keys.
 using Translator = std::function<std::function<std::string(const std::string&)>(const ModulePtr&)>;
@@ -41,10 +43,25 @@ struct Verdict {
   std::string key;  ///< the offending key or path, when there is one
 };
 
+/// Where two ordered key lists first differ: the position, the keys there on each side ("" past
+/// an end) and the lengths. What P1, the fixtures' layouts and the Python rows report.
+struct KeyDifference {
+  size_t index = 0;
+  std::string got, want;
+  size_t got_size = 0, want_size = 0;
+  /// The offending key: the differing or extra key found, else the expected one missing.
+  const std::string& key() const { return got.empty() ? want : got; }
+  /// "key 3 is 'a', expected 'b'", "5 keys, expected 4 (extra 'x')".
+  std::string describe() const;
+};
+/// The first difference between `got` and `want` (names, order, length), if any.
+std::optional<KeyDifference> first_key_difference(const std::vector<std::string>& got,
+                                                  const std::vector<std::string>& want);
+
 /// Keys grouped by the tensor they share: every group of two or more keys (what P3 compares).
 std::set<std::vector<std::string>> tie_groups(const StateDict& state);
 
-Verdict keys(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P1
+Verdict exact_keys(const gen::TreeSpec& spec, const UnwrapSubject& u);          ///< P1
 Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P2
 Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P3
 Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P4

@@ -321,13 +321,7 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
       const auto ref = Registry::global().resolve(kind);
       auto target = module_at(built.root, path);
       auto wrapper = make_wrapper(ref, target);
-      if (path.empty()) {
-        built.root = wrapper;
-      } else {
-        const auto dot = path.rfind('.');
-        const auto parent = dot == std::string::npos ? std::string() : path.substr(0, dot);
-        replace_child(*module_at(built.root, parent), path.substr(dot + 1), wrapper);
-      }
+      built.root = replace_at(built.root, path, wrapper);
       auto w = std::dynamic_pointer_cast<WrapperImpl>(wrapper);
       if (!w) {
         throw Error(ErrorCode::kInvalidArgument, path,

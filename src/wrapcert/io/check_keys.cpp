@@ -1,3 +1,4 @@
+#include <wrapcert/detail/path.h>
 #include <wrapcert/detail/python_names.h>
 #include <wrapcert/io/check_keys.h>
 #include <wrapcert/io/checkpoint_file.h>
@@ -9,15 +10,9 @@
 namespace wrapcert {
 namespace {
 
-std::vector<std::string> split(const std::string& key) {
-  std::vector<std::string> parts;
-  size_t begin = 0;
-  while (true) {
-    const auto dot = key.find('.', begin);
-    parts.push_back(key.substr(begin, dot - begin));
-    if (dot == std::string::npos) return parts;
-    begin = dot + 1;
-  }
+std::vector<std::string> components(const std::string& key) {
+  const auto parts = detail::split_path(key);
+  return {parts.begin(), parts.end()};
 }
 
 std::string join(const std::vector<std::string>& parts, const std::vector<bool>& keep) {
@@ -50,7 +45,7 @@ bool only_a_wrapper_puts(const std::string& slot, size_t position) {
 }
 
 void scan_key(const std::string& key, const std::set<std::string>& slots, KeyReport& report) {
-  const auto parts = split(key);
+  const auto parts = components(key);
   for (size_t i = 0; i < parts.size(); ++i) {
     if (slots.count(parts[i]) && only_a_wrapper_puts(parts[i], i)) {
       report.leftover.emplace_back(key, "component " + std::to_string(i) + ": " + parts[i]);
@@ -116,7 +111,7 @@ KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInf
       compare(f, f.key);
       continue;
     }
-    const auto parts = split(f.key);
+    const auto parts = components(f.key);
     std::vector<size_t> slot_positions;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (slots.count(parts[i])) slot_positions.push_back(i);

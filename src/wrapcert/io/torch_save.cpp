@@ -1,3 +1,4 @@
+#include <wrapcert/detail/path.h>
 #include <wrapcert/error.h>
 #include <wrapcert/io/detail/atomic_file.h>
 #include <wrapcert/io/detail/input_file.h>
@@ -539,9 +540,9 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
   const Value* chosen = root;
   if (!entry.empty()) {
     std::string walked;
-    for (size_t begin = 0; begin <= entry.size();) {
-      const auto dot = std::min(entry.find('.', begin), entry.size());
-      const auto name = entry.substr(begin, dot - begin);
+    std::string_view part;
+    for (detail::PathComponents components(entry); components.next(part);) {
+      const std::string name(part);
       if (chosen->kind != Value::Kind::kDict) {
         reader.fail(walked, "entry '" + walked + "' holds " + describe(chosen) + ", not a dict");
       }
@@ -551,9 +552,8 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
                     "no entry '" + name + "'" + (walked.empty() ? "" : " in '" + walked + "'") +
                         " (entries: " + entry_names(chosen) + ")");
       }
-      walked += (walked.empty() ? "" : ".") + name;
+      walked = detail::join_path(walked, name);
       chosen = next;
-      begin = dot + 1;
     }
     out.entry = entry;
   } else if (!is_state_dict(root)) {

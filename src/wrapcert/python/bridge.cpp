@@ -47,16 +47,8 @@ std::vector<std::string> string_list(const nlohmann::json& j, const char* field)
 
 props::Verdict compare(const std::string& property, const std::vector<std::string>& got,
                        const std::vector<std::string>& want) {
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    if (got[i] != want[i]) {
-      return verdict(
-          property, false,
-          "key " + std::to_string(i) + " is '" + got[i] + "', expected '" + want[i] + "'", got[i]);
-    }
-  }
-  if (got.size() != want.size()) {
-    return verdict(property, false,
-                   std::to_string(got.size()) + " keys, expected " + std::to_string(want.size()));
+  if (const auto difference = props::first_key_difference(got, want)) {
+    return verdict(property, false, difference->describe(), difference->key());
   }
   return verdict(property, true);
 }

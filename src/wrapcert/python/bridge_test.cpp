@@ -1,6 +1,7 @@
 #include <wrapcert/error.h>
 #include <wrapcert/python/bridge.h>
 #include <wrapcert/state_dict.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/paths.h>
 #include <wrapcert/unwrap.h>
 
@@ -16,6 +17,10 @@
 
 namespace wrapcert::bridge {
 namespace {
+
+using test_support::ThrowsError;
+using ::testing::_;
+using ::testing::HasSubstr;
 
 std::string read(const std::string& path) {
   std::ifstream in(path);
@@ -46,27 +51,24 @@ TEST(Bridge, RecordedRunMatchesTheReplica) {
 
 TEST(Bridge, MalformedJsonNamesTheField) {
   EXPECT_THROW((void)check_seed_keys("{not json", fixtures::tiny_gemma()), Error);
-  try {
-    (void)check_seed_keys(R"({"original": [], "wrapped": [], "legacy": []})",
-                          fixtures::tiny_gemma());
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.key_path(), "recursive");
-  }
+  EXPECT_THAT(
+      [&] {
+        (void)check_seed_keys(R"({"original": [], "wrapped": [], "legacy": []})",
+                              fixtures::tiny_gemma());
+      },
+      ThrowsError(ErrorCode::kInvalidArgument, "recursive"));
   // Found by the tree-dump fuzzer: a number past double's range is nlohmann's out_of_range,
   // not a parse_error, and escaped as such.
   EXPECT_THROW((void)check_seed_keys(R"({"original": [1e1032300]})", fixtures::tiny_gemma()),
                Error);
   EXPECT_THROW((void)load_tree_dump(R"({"root": 0, "nodes": [1e1032300]})"), Error);
   // Also found by it: a shape whose element count fits int64 but whose size in bytes does not.
-  try {
-    (void)load_tree_dump(R"({"root": 0, "nodes": [{"class": "Linear", "children": [],
+  EXPECT_THAT(
+      [&] {
+        (void)load_tree_dump(R"({"root": 0, "nodes": [{"class": "Linear", "children": [],
         "buffers": [], "params": [["weight", [9223372036854775807], "float32", 0]]}]})");
-    FAIL() << "accepted a tensor of 2^63 - 1 floats";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.key_path(), "weight");
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("too large"));
-  }
+      },
+      ThrowsError(ErrorCode::kMalformedInput, "weight", HasSubstr("too large")));
   // And under UBSan: a float where an integer belongs was cast out of range by nlohmann.
   EXPECT_THROW((void)load_tree_dump(R"({"root": 0, "nodes": [{"class": "Linear", "children": [],
         "buffers": [], "params": [["weight", [9.2e19], "float32", 0]]}]})"),
@@ -142,7 +144,8 @@ TEST(TreeDump, DuckTypingUnwrapsTheUserModuleThatReferenceLeavesAlone) {  // P9'
   const auto python_keys =
       nlohmann::json::parse(text)["wrapped_keys"].get<std::vector<std::string>>();
   EXPECT_EQ(keys(unwrap_reference(load_tree_dump(text)).state_dict()), python_keys);
-  EXPECT_NE(keys(unwrap(Subject::kDuckTyped, load_tree_dump(text)).state_dict()), python_keys);
+  EXPECT_NE(keys(unwrap(BuiltinUnwrap::kDuckTyped, load_tree_dump(text)).state_dict()),
+            python_keys);
 }
 
 TEST(TreeDump, AWrapperWithItsChildElsewhereNamesThePath) {
@@ -150,13 +153,8 @@ TEST(TreeDump, AWrapperWithItsChildElsewhereNamesThePath) {
     "nodes": [{"class": "DataParallel", "children": [["inner", 1]], "params": [], "buffers": []},
               {"class": "Linear", "children": [], "params": [["weight", [2, 2], "float32", 0]],
                "buffers": []}]})";
-  try {
-    (void)load_tree_dump(dump);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kWrapperState);
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("'module'"));
-  }
+  EXPECT_THAT([&] { (void)load_tree_dump(dump); },
+              ThrowsError(ErrorCode::kWrapperState, _, HasSubstr("'module'")));
 }
 
 }  // namespace

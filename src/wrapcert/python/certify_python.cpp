@@ -1,4 +1,5 @@
 #include <wrapcert/certify/detail/quiet_check.h>
+#include <wrapcert/detail/path.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/gen/build.h>
@@ -146,25 +147,27 @@ Verdict fail(const std::string& property, std::string reason, std::string key = 
 /// P1's comparison: same keys, same order, same count (never a zip).
 Verdict same_keys(const std::string& property, const Keys& got, const Keys& want,
                   const std::string& what, const std::string& other = "the model") {
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    if (got[i].first != want[i].first) {
-      return fail(property,
-                  what + " has key " + std::to_string(i) + " '" + got[i].first + "' where " +
-                      other + " has '" + want[i].first + "'",
-                  got[i].first);
-    }
+  auto names = [](const Keys& keys) {
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const auto& item : keys) out.push_back(item.first);
+    return out;
+  };
+  const auto d = props::first_key_difference(names(got), names(want));
+  if (!d) return pass(property);
+  if (!d->got.empty() && !d->want.empty()) {
+    return fail(property,
+                what + " has key " + std::to_string(d->index) + " '" + d->got + "' where " + other +
+                    " has '" + d->want + "'",
+                d->key());
   }
-  if (got.size() > want.size()) {
+  if (d->got_size > d->want_size) {
     return fail(
         property,
-        what + " has " + std::to_string(got.size() - want.size()) + " key(s) more than " + other,
-        got[want.size()].first);
+        what + " has " + std::to_string(d->got_size - d->want_size) + " key(s) more than " + other,
+        d->key());
   }
-  if (got.size() < want.size()) {
-    return fail(property, what + " lacks the key '" + want[got.size()].first + "' of " + other,
-                want[got.size()].first);
-  }
-  return pass(property);
+  return fail(property, what + " lacks the key '" + d->want + "' of " + other, d->key());
 }
 
 std::set<std::vector<std::string>> tie_groups(const Keys& keys) {
@@ -280,12 +283,7 @@ class Translation {
 
   std::optional<std::string> to_clean(const std::string& key) const {
     std::vector<std::string> parts;
-    for (size_t start = 0;;) {
-      const auto dot = key.find('.', start);
-      parts.push_back(key.substr(start, dot == std::string::npos ? dot : dot - start));
-      if (dot == std::string::npos) break;
-      start = dot + 1;
-    }
+    for (const auto part : detail::split_path(key)) parts.emplace_back(part);
     std::vector<std::string> kept;
     if (!walk("", parts, 0, kept)) return std::nullopt;
     std::string out;

@@ -23,10 +23,6 @@ torch::Tensor ChainImpl::forward(const torch::Tensor& x) {
   return h;
 }
 
-std::vector<std::string> keys_of(const StateDict& state) {
-  return state.keys();
-}
-
 bool same_tensors(const StateDict& a, const StateDict& b) {
   if (a.size() != b.size()) return false;
   for (const auto& item : a) {

@@ -1,6 +1,6 @@
 #pragma once
 /// Small modules for wrapcert's own tests: a user module with a child named like a wrapper slot,
-/// a chain builder, and helpers to compare key lists and tensors.
+/// a chain builder, and a helper to compare tensors (key lists: HasKeys in matchers.h).
 ///
 ///   auto m = wrapcert::test_support::norm_with_module_child();  // has `module`, `extra`, `scale`
 
@@ -8,12 +8,11 @@
 #include <wrapcert/view.h>
 
 #include <string>
-#include <vector>
 
 namespace wrapcert::test_support {
 
 /// A user module (not a wrapper) that keeps a child named `slot_name` beside other state, as
-/// user code does (SEMANTICS.md hazard 2).
+/// user code does (docs/SEMANTICS.md §2, hazard 2).
 class UserModuleImpl : public Layer {
  public:
   explicit UserModuleImpl(std::string slot_name = "module", int64_t dim = 3);
@@ -32,7 +31,6 @@ class ChainImpl : public Layer {
   std::string python_name() const override { return "Chain"; }
 };
 
-std::vector<std::string> keys_of(const StateDict& state);
 /// True when every tensor in `a` is the very tensor (same TensorImpl) under the same key in `b`.
 bool same_tensors(const StateDict& a, const StateDict& b);
 

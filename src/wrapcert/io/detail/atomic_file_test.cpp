@@ -1,5 +1,6 @@
 #include <wrapcert/error.h>
 #include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/test_support/matchers.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -20,6 +21,7 @@ namespace wrapcert {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::ThrowsError;
 
 class AtomicFile : public ::testing::Test {
  protected:
@@ -76,13 +78,9 @@ TEST_F(AtomicFile, AWriterThatThrowsLeavesTheOldFileAndNoTemporary) {
 
 TEST_F(AtomicFile, AnUnwritableDestinationIsAnErrorNamingIt) {
   const auto missing = (dir_ / "no-such-folder" / "report.json").string();
-  try {
-    write_file_atomically(missing, "x");
-    FAIL() << "wrote into a folder that does not exist";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.key_path(), missing);
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("cannot open its folder"));
-  }
+  EXPECT_THAT([&] { write_file_atomically(missing, "x"); },
+              ThrowsError(ErrorCode::kInvalidArgument, missing,
+                          ::testing::HasSubstr("cannot open its folder")));
   fs::create_directories(dir_ / "a-folder");
   EXPECT_THROW(write_file_atomically((dir_ / "a-folder").string(), "x"), Error);
   EXPECT_TRUE(fs::is_directory(dir_ / "a-folder"));

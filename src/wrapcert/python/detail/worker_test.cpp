@@ -1,6 +1,7 @@
 #include <wrapcert/error.h>
 #include <wrapcert/python/bridge.h>
 #include <wrapcert/python/detail/worker.h>
+#include <wrapcert/test_support/matchers.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 namespace wrapcert::python {
 namespace {
 
+using test_support::ThrowsError;
+using ::testing::_;
 using ::testing::HasSubstr;
 
 /// A worker script in a fresh folder, run by the interpreter wrapcert uses.
@@ -91,12 +94,11 @@ TEST_F(WorkerTest, AHangIsStoppedAtTheLimitWithThePythonStack) {
 
 TEST(Worker, AnInterpreterThatDoesNotExistIsAnErrorNamingIt) {
   Worker worker({"/nonexistent/python3", "worker.py", 1});
-  try {
-    worker.call({{"op", "x"}});
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/python3"));
-  }
+  EXPECT_THAT(
+      [&] {
+        worker.call({{"op", "x"}});
+      },
+      ThrowsError(ErrorCode::kInvalidArgument, _, HasSubstr("/nonexistent/python3")));
 }
 
 }  // namespace
