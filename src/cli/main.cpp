@@ -247,15 +247,7 @@ int run_check_keys(const CheckKeysCli& o) {
       expected =
           wrapcert::key_infos(wrapcert::read_checkpoint(o.against, {/*data=*/false, ""}).state);
     } else {
-      std::ifstream in(o.listing);
-      if (!in) {
-        throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, o.listing,
-                              "cannot read the key listing '" + o.listing + "'");
-      }
-      for (std::string line; std::getline(in, line);) {
-        const auto key = line.substr(0, line.find_first_of(" \t"));
-        if (!key.empty()) expected.push_back({key, {}, c10::kFloat, ""});
-      }
+      expected = wrapcert::read_key_listing(o.listing);
       options.compare_shapes = false;  // a listing has names only
     }
     report = wrapcert::check_keys(found, expected, wrapcert::Registry::global(), options);

@@ -1,8 +1,11 @@
 #include <wrapcert/detail/path.h>
 #include <wrapcert/detail/python_names.h>
+#include <wrapcert/error.h>
 #include <wrapcert/io/check_keys.h>
 #include <wrapcert/io/checkpoint_file.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -193,6 +196,25 @@ std::string to_text(const KeyReport& r) {
     for (const auto& [key, to] : r.ties) out << "  " << key << " = " << to << "\n";
   }
   return out.str();
+}
+
+std::vector<KeyInfo> read_key_listing(const std::string& path) {
+  // Read once, front to back: a pipe is welcome here (`--keys <(...)`), a folder is not.
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    throw Error(ErrorCode::kInvalidArgument, path,
+                "cannot read the key listing '" + path + "': it is a directory");
+  }
+  std::ifstream lines(path);
+  if (!lines) {
+    throw Error(ErrorCode::kInvalidArgument, path, "cannot read the key listing '" + path + "'");
+  }
+  std::vector<KeyInfo> keys;
+  for (std::string line; std::getline(lines, line);) {
+    const auto key = line.substr(0, line.find_first_of(" \t\r"));
+    if (!key.empty()) keys.push_back({key, {}, c10::kFloat, ""});
+  }
+  return keys;
 }
 
 }  // namespace wrapcert

@@ -56,7 +56,9 @@ struct CheckKeysOptions {
 
 /// Matches `found` to `expected`: a found key that is not expected is translated by removing
 /// whole components that are registered slot names, when exactly one such removal gives an
-/// expected key no other found key has.
+/// expected key no other found key has. A checkpoint on disk has no tree to translate by (as
+/// `KeyTranslator::from_tree` does, keys.h): the expected keys stand in for it, so a removal
+/// counts only where it lands on one of them, one to one.
 KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInfo>& expected,
                      const Registry& registry = Registry::global(),
                      const CheckKeysOptions& options = {});
@@ -68,5 +70,11 @@ KeyReport scan_keys(const std::vector<KeyInfo>& found,
                     const Registry& registry = Registry::global());
 
 std::string to_text(const KeyReport& report);
+
+/// The keys of a key listing (what `--keys` reads): one key per line; what follows a space or
+/// a tab (a golden listing's shape and dtype) is ignored, and so are blank lines. Shapes and
+/// dtypes are unknown: compare with `CheckKeysOptions::compare_shapes` off. Throws `Error`
+/// (kInvalidArgument) naming the file when it cannot be read or is no regular file.
+std::vector<KeyInfo> read_key_listing(const std::string& path);
 
 }  // namespace wrapcert

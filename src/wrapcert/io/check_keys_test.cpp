@@ -1,13 +1,18 @@
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/io/check_keys.h>
+#include <wrapcert/test_support/matchers.h>
+#include <wrapcert/test_support/temp_dir.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace wrapcert {
 namespace {
 
+using test_support::ThrowsError;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::Pair;
@@ -64,6 +69,23 @@ TEST(CheckKeys, AListingComparesNamesOnly) {
       check_keys({info("module.a.weight", {3, 4})}, {listing[0]}, Registry::global(), names_only)
           .status,
       KeyStatus::kFixable);
+}
+
+TEST(CheckKeys, AKeyListingIsOneKeyPerLineWithAnythingAfterItIgnored) {
+  test_support::TempDir dir;
+  const auto path = dir / "gemma.keys";
+  std::ofstream(path) << "model.embed_tokens.weight [256000, 2048] bfloat16\n\n"
+                      << "model.norm.weight\tx\r\nlm_head.weight\n";
+  const auto keys = read_key_listing(path);
+  std::vector<std::string> names;
+  for (const auto& k : keys) names.push_back(k.key);
+  EXPECT_THAT(names,
+              ElementsAre("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"));
+  EXPECT_THAT([&] { (void)read_key_listing(dir / "none.keys"); },
+              ThrowsError(ErrorCode::kInvalidArgument, dir / "none.keys"));
+  EXPECT_THAT([&] { (void)read_key_listing(dir.path().string()); },
+              ThrowsError(ErrorCode::kInvalidArgument, dir.path().string(),
+                          ::testing::HasSubstr("is a directory")));
 }
 
 TEST(CheckKeys, AScanReportsWholeWrapperComponentsWhereOnlyAWrapperPutsThem) {

@@ -4,6 +4,7 @@
 #include <wrapcert/io/safetensors.h>
 #include <wrapcert/io/torch_save.h>
 #include <wrapcert/state_dict.h>
+#include <wrapcert/test_support/matchers.h>
 #include <wrapcert/test_support/paths.h>
 #include <wrapcert/test_support/temp_dir.h>
 
@@ -23,11 +24,9 @@ namespace wrapcert {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::AllOf;
+using test_support::ThrowsError;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::Property;
-using ::testing::Throws;
 
 // Checkpoints written by PyTorch 1.13 itself (fixtures/golden/checkpoints/make_files.py), with
 // what PyTorch reads back from each.
@@ -41,13 +40,6 @@ const nlohmann::json& expected() {
     return nlohmann::json::parse(in);
   }();
   return j;
-}
-
-/// Throws a `wrapcert::Error` with this code, key path and text in its message.
-auto ThrowsError(ErrorCode code, const std::string& key, const std::string& text) {
-  return Throws<Error>(AllOf(Property("code", &Error::code, code),
-                             Property("key_path", &Error::key_path, key),
-                             Property("what", &Error::what, HasSubstr(text))));
 }
 
 std::string format_name(const std::string& recorded) {
@@ -140,23 +132,23 @@ TEST(CheckpointFile, AWrongEntryNamesWhatIsThere) {
         read_checkpoint(golden("trainer.pt"), {false, "weights"});
       },
       ThrowsError(ErrorCode::kMalformedInput, "weights",
-                  "no entry 'weights' (entries: model, optimizer, epoch, best_loss)"));
+                  HasSubstr("no entry 'weights' (entries: model, optimizer, epoch, best_loss)")));
   EXPECT_THAT(
       [] {
         read_checkpoint(golden("trainer.pt"), {false, "epoch"});
       },
-      ThrowsError(ErrorCode::kMalformedInput, "epoch", "holds an int, not a dict"));
+      ThrowsError(ErrorCode::kMalformedInput, "epoch", HasSubstr("holds an int, not a dict")));
   EXPECT_THAT(
       [] {
         read_checkpoint(golden("trainer.pt"), {false, "optimizer"});
       },
-      ThrowsError(ErrorCode::kMalformedInput, "state", "not a tensor"));
+      ThrowsError(ErrorCode::kMalformedInput, "state", HasSubstr("not a tensor")));
   EXPECT_THAT(
       [] {
         read_checkpoint(golden("trainer.pt"), {false, "model.module.steps"});
       },
       ThrowsError(ErrorCode::kMalformedInput, "model.module",
-                  "no entry 'module' in 'model' (entries: module.steps"));
+                  HasSubstr("no entry 'module' in 'model' (entries: module.steps")));
 }
 
 TEST(CheckpointFile, AShardedCheckpointIsReadByItsIndexOrItsFolder) {
@@ -192,50 +184,55 @@ class DamagedIndex : public ::testing::Test {
 TEST_F(DamagedIndex, AKeyMissingFromTheWeightMapIsNamed) {
   index_["weight_map"].erase("module.steps");
   write_index();
-  EXPECT_THAT([&] { read_checkpoint(index()); },
-              ThrowsError(ErrorCode::kMalformedInput, "module.steps",
-                          "in shard pytorch_model-00001-of-00002.bin but missing from the "
-                          "weight_map"));
+  EXPECT_THAT(
+      [&] { read_checkpoint(index()); },
+      ThrowsError(ErrorCode::kMalformedInput, "module.steps",
+                  HasSubstr("in shard pytorch_model-00001-of-00002.bin but missing from the "
+                            "weight_map")));
 }
 
 TEST_F(DamagedIndex, AKeyPlacedInTheWrongShardIsNamed) {
   index_["weight_map"]["module.steps"] = "pytorch_model-00002-of-00002.bin";
   write_index();
-  EXPECT_THAT([&] { read_checkpoint(dir_.path().string()); },
-              ThrowsError(ErrorCode::kMalformedInput, "module.steps",
-                          "the weight_map places it in pytorch_model-00002-of-00002.bin"));
+  EXPECT_THAT(
+      [&] { read_checkpoint(dir_.path().string()); },
+      ThrowsError(ErrorCode::kMalformedInput, "module.steps",
+                  HasSubstr("the weight_map places it in pytorch_model-00002-of-00002.bin")));
 }
 
 TEST_F(DamagedIndex, AKeyTheShardLacksIsNamed) {
   index_["weight_map"]["module.extra"] = "pytorch_model-00002-of-00002.bin";
   write_index();
   EXPECT_THAT([&] { read_checkpoint(index()); },
-              ThrowsError(ErrorCode::kMalformedInput, "module.extra", "which lacks it"));
+              ThrowsError(ErrorCode::kMalformedInput, "module.extra", HasSubstr("which lacks it")));
 }
 
 TEST_F(DamagedIndex, AShardOutsideTheFolderOrMissingIsRefused) {
   index_["weight_map"]["module.steps"] = "../pytorch_model-00001-of-00002.bin";
   write_index();
-  EXPECT_THAT([&] { read_checkpoint(index()); },
-              ThrowsError(ErrorCode::kMalformedInput, "module.steps", "not a file name"));
+  EXPECT_THAT(
+      [&] { read_checkpoint(index()); },
+      ThrowsError(ErrorCode::kMalformedInput, "module.steps", HasSubstr("not a file name")));
   index_["weight_map"]["module.steps"] = "gone.bin";
   write_index();
-  EXPECT_THAT([&] { read_checkpoint(index()); },
-              ThrowsError(ErrorCode::kInvalidArgument, dir_ / "gone.bin", "cannot open"));
+  EXPECT_THAT(
+      [&] { read_checkpoint(index()); },
+      ThrowsError(ErrorCode::kInvalidArgument, dir_ / "gone.bin", HasSubstr("cannot open")));
 }
 
 TEST_F(DamagedIndex, ARepeatedKeyInTheIndexIsDamage) {
   write_index(R"({"weight_map": {"module.steps": "pytorch_model-00001-of-00002.bin",
                   "module.steps": "pytorch_model-00002-of-00002.bin"}})");
-  EXPECT_THAT([&] { read_checkpoint(index()); },
-              ThrowsError(ErrorCode::kMalformedInput, "weight_map.module.steps", "twice"));
+  EXPECT_THAT(
+      [&] { read_checkpoint(index()); },
+      ThrowsError(ErrorCode::kMalformedInput, "weight_map.module.steps", HasSubstr("twice")));
 }
 
 TEST_F(DamagedIndex, AFolderWithoutIndexRefusesAKeyInTwoShards) {
   fs::remove(index());
   fs::copy_file(dir_ / "pytorch_model-00001-of-00002.bin", dir_ / "pytorch_model-extra.bin");
   EXPECT_THAT([&] { read_checkpoint(dir_.path().string()); },
-              ThrowsError(ErrorCode::kMalformedInput, "module.steps", "in two shards"));
+              ThrowsError(ErrorCode::kMalformedInput, "module.steps", HasSubstr("in two shards")));
 }
 
 TEST(CheckpointFile, InputsThatAreNotRegularFilesAreRefusedByType) {
@@ -243,35 +240,38 @@ TEST(CheckpointFile, InputsThatAreNotRegularFilesAreRefusedByType) {
   const auto fifo = dir / "model.safetensors";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_THAT([&] { read_checkpoint(fifo); }, ThrowsError(ErrorCode::kInvalidArgument, fifo,
-                                                          "it is a FIFO, not a checkpoint file"));
+  EXPECT_THAT([&] { read_checkpoint(fifo); },
+              ThrowsError(ErrorCode::kInvalidArgument, fifo,
+                          HasSubstr("it is a FIFO, not a checkpoint file")));
   EXPECT_THAT([&] { read_safetensors_header(fifo); },
-              ThrowsError(ErrorCode::kInvalidArgument, fifo, "it is a FIFO"));
+              ThrowsError(ErrorCode::kInvalidArgument, fifo, HasSubstr("it is a FIFO")));
   EXPECT_THAT([&] { read_torch_save(fifo); },
-              ThrowsError(ErrorCode::kInvalidArgument, fifo, "is a FIFO"));
+              ThrowsError(ErrorCode::kInvalidArgument, fifo, HasSubstr("is a FIFO")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "a FIFO hung";
-  EXPECT_THAT([] { read_checkpoint("/dev/null"); },
-              ThrowsError(ErrorCode::kInvalidArgument, "/dev/null", "a character device"));
-  EXPECT_THAT([&] { read_safetensors_header(dir.path().string()); },
-              ThrowsError(ErrorCode::kInvalidArgument, dir.path().string(), "is a directory"));
   EXPECT_THAT(
-      [&] { read_checkpoint(dir.path().string() + "/none"); },
-      ThrowsError(ErrorCode::kInvalidArgument, dir.path().string() + "/none", "No such file"));
+      [] { read_checkpoint("/dev/null"); },
+      ThrowsError(ErrorCode::kInvalidArgument, "/dev/null", HasSubstr("a character device")));
+  EXPECT_THAT(
+      [&] { read_safetensors_header(dir.path().string()); },
+      ThrowsError(ErrorCode::kInvalidArgument, dir.path().string(), HasSubstr("is a directory")));
+  EXPECT_THAT([&] { read_checkpoint(dir.path().string() + "/none"); },
+              ThrowsError(ErrorCode::kInvalidArgument, dir.path().string() + "/none",
+                          HasSubstr("No such file")));
   fs::remove(fifo);
   EXPECT_THAT([&] { read_checkpoint(dir.path().string()); },
-              ThrowsError(ErrorCode::kMalformedInput, "", "no checkpoint file"));
+              ThrowsError(ErrorCode::kMalformedInput, "", HasSubstr("no checkpoint file")));
 }
 
 TEST(CheckpointFile, UnknownFormatsAreNamed) {
   test_support::TempDir dir;
   std::ofstream(dir / "notes.pt") << "not a checkpoint at all, just some words";
   EXPECT_THAT([&] { read_checkpoint(dir / "notes.pt"); },
-              ThrowsError(ErrorCode::kMalformedInput, "", "not a torch.save file"));
+              ThrowsError(ErrorCode::kMalformedInput, "", HasSubstr("not a torch.save file")));
   std::string tar(512, '\0');
   tar.replace(257, 5, "ustar");
   std::ofstream(dir / "old.pt", std::ios::binary) << tar;
   EXPECT_THAT([&] { read_checkpoint(dir / "old.pt"); },
-              ThrowsError(ErrorCode::kMalformedInput, "", "tar torch.save format"));
+              ThrowsError(ErrorCode::kMalformedInput, "", HasSubstr("tar torch.save format")));
 }
 
 std::string read_bytes(const std::string& path) {
@@ -285,14 +285,15 @@ TEST(CheckpointFile, TheLegacyFormatIsValidatedToItsLastByte) {
   test_support::TempDir dir;
   const auto bytes = read_bytes(golden("legacy.pt"));
   std::ofstream(dir / "trailing.pt", std::ios::binary) << bytes << "extra";
-  EXPECT_THAT([&] { read_checkpoint(dir / "trailing.pt"); },
-              ThrowsError(ErrorCode::kMalformedInput, "", "5 bytes follow the last storage"));
+  EXPECT_THAT(
+      [&] { read_checkpoint(dir / "trailing.pt"); },
+      ThrowsError(ErrorCode::kMalformedInput, "", HasSubstr("5 bytes follow the last storage")));
   std::ofstream(dir / "short.pt", std::ios::binary) << bytes.substr(0, bytes.size() - 3);
   EXPECT_THAT(
       [&] {
         read_checkpoint(dir / "short.pt", {false, ""});
       },
-      ThrowsError(ErrorCode::kMalformedInput, "", "ends inside storage"));
+      ThrowsError(ErrorCode::kMalformedInput, "", HasSubstr("ends inside storage")));
 }
 
 TEST(CheckpointFile, WritesEachFormatWithTiesViewsAndValuesKept) {
@@ -344,7 +345,7 @@ TEST(CheckpointFile, RenamingKeepsTensorsAndRefusesACollision) {
       [&] {
         rename_keys(c, {{"head.weight", "embed.weight"}});
       },
-      ThrowsError(ErrorCode::kKeyCollision, "embed.weight", "both be renamed"));
+      ThrowsError(ErrorCode::kKeyCollision, "embed.weight", HasSubstr("both be renamed")));
 }
 
 TEST(CheckDestination, RefusesDevicesFifosFoldersLinksAndTheInputAndLeavesThemAlone) {
@@ -353,10 +354,12 @@ TEST(CheckDestination, RefusesDevicesFifosFoldersLinksAndTheInputAndLeavesThemAl
   fs::copy_file(golden("tied.pt"), input);
   struct stat before {};
   ASSERT_EQ(::stat("/dev/null", &before), 0);
-  EXPECT_THAT([] { check_destination("/dev/null", {}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, "/dev/null", "is a character device"));
-  EXPECT_THAT([] { write_file_atomically("/dev/null", "x"); },
-              ThrowsError(ErrorCode::kInvalidArgument, "/dev/null", "a character device"));
+  EXPECT_THAT(
+      [] { check_destination("/dev/null", {}, false); },
+      ThrowsError(ErrorCode::kInvalidArgument, "/dev/null", HasSubstr("is a character device")));
+  EXPECT_THAT(
+      [] { write_file_atomically("/dev/null", "x"); },
+      ThrowsError(ErrorCode::kInvalidArgument, "/dev/null", HasSubstr("a character device")));
   struct stat after {};
   ASSERT_EQ(::stat("/dev/null", &after), 0);
   EXPECT_TRUE(S_ISCHR(after.st_mode));
@@ -365,35 +368,38 @@ TEST(CheckDestination, RefusesDevicesFifosFoldersLinksAndTheInputAndLeavesThemAl
   const auto fifo = dir / "fifo.safetensors";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_THAT([&] { check_destination(fifo, {}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, fifo, "is a FIFO"));
+              ThrowsError(ErrorCode::kInvalidArgument, fifo, HasSubstr("is a FIFO")));
   EXPECT_THAT([&] { write_checkpoint(fifo, read_checkpoint(input)); },
-              ThrowsError(ErrorCode::kInvalidArgument, fifo, "a FIFO"));
+              ThrowsError(ErrorCode::kInvalidArgument, fifo, HasSubstr("a FIFO")));
   struct stat st {};
   ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
 
   fs::create_directory(dir / "folder.pt");
-  EXPECT_THAT([&] { check_destination(dir / "folder.pt", {}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, dir / "folder.pt", "is a directory"));
+  EXPECT_THAT(
+      [&] { check_destination(dir / "folder.pt", {}, false); },
+      ThrowsError(ErrorCode::kInvalidArgument, dir / "folder.pt", HasSubstr("is a directory")));
   fs::create_symlink(input, dir / "link.pt");
-  EXPECT_THAT([&] { check_destination(dir / "link.pt", {}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, dir / "link.pt", "symbolic link"));
+  EXPECT_THAT(
+      [&] { check_destination(dir / "link.pt", {}, false); },
+      ThrowsError(ErrorCode::kInvalidArgument, dir / "link.pt", HasSubstr("symbolic link")));
 
-  EXPECT_THAT([&] { check_destination(input, {input}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, input, "is the checkpoint being read"));
+  EXPECT_THAT(
+      [&] { check_destination(input, {input}, false); },
+      ThrowsError(ErrorCode::kInvalidArgument, input, HasSubstr("is the checkpoint being read")));
   fs::create_hard_link(input, dir / "same.pt");
   EXPECT_THAT([&] { check_destination(dir / "same.pt", {input}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, dir / "same.pt", "being read"));
+              ThrowsError(ErrorCode::kInvalidArgument, dir / "same.pt", HasSubstr("being read")));
   EXPECT_NO_THROW(check_destination(input, {input}, /*in_place=*/true));
 
   EXPECT_THAT([] { check_destination("", {}, false); },
-              ThrowsError(ErrorCode::kInvalidArgument, "", "an empty destination"));
-  EXPECT_THAT(
-      [&] { check_destination(dir / "model.npz", {}, false); },
-      ThrowsError(ErrorCode::kInvalidArgument, dir / "model.npz", "no checkpoint extension"));
+              ThrowsError(ErrorCode::kInvalidArgument, "", HasSubstr("an empty destination")));
+  EXPECT_THAT([&] { check_destination(dir / "model.npz", {}, false); },
+              ThrowsError(ErrorCode::kInvalidArgument, dir / "model.npz",
+                          HasSubstr("no checkpoint extension")));
   EXPECT_THAT([&] { check_destination(dir / "none/model.pt", {}, false); },
               ThrowsError(ErrorCode::kInvalidArgument, dir / "none/model.pt",
-                          "a folder that does not exist"));
+                          HasSubstr("a folder that does not exist")));
   EXPECT_EQ(read_bytes(input), read_bytes(golden("tied.pt")));
 }
 

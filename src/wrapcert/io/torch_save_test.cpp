@@ -200,14 +200,14 @@ TEST(TorchSaveZip, EveryStorageIsInTheArchiveWithItsExactSize) {
       [&] {
         read_torch_save(short_record, {/*data=*/false, ""});
       },
-      ::testing::ThrowsMessage<Error>(
-          ::testing::HasSubstr("storage data/0 holds 12 bytes, not 4 elements of 4")));
+      ThrowsError(ErrorCode::kMalformedInput, _,
+                  HasSubstr("storage data/0 holds 12 bytes, not 4 elements of 4")));
   const auto lacking = archive("lacking.pt", {});
   EXPECT_THAT(
       [&] {
         read_torch_save(lacking, {/*data=*/false, ""});
       },
-      ::testing::ThrowsMessage<Error>(::testing::HasSubstr("lacks storage data/0")));
+      ThrowsError(ErrorCode::kMalformedInput, _, HasSubstr("lacks storage data/0")));
 }
 
 TEST(TorchSaveZip, ADamagedRecordIsFoundWhenItsDataIsRead) {
@@ -221,7 +221,7 @@ TEST(TorchSaveZip, ADamagedRecordIsFoundWhenItsDataIsRead) {
     f.put('\x7f');
   }
   EXPECT_THAT([&] { read_torch_save(copy); },
-              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("record data/0 is damaged")));
+              ThrowsError(ErrorCode::kMalformedInput, _, HasSubstr("record data/0 is damaged")));
 }
 
 }  // namespace
