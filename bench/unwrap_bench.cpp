@@ -72,7 +72,7 @@ const wrapcert::fixtures::CausalLMConfig& layout(int64_t index) {
 /// The seed's FSDPv2 recipe on a full-size fixture on meta.
 ModulePtr seed_wrapped(int64_t index) {
   const auto& config = layout(index);
-  return wrapcert::fixtures::apply_seed_recipe(
+  return wrapcert::fixtures::apply_fsdp_v2_recipe(
       wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype}), config);
 }
 

@@ -17,7 +17,7 @@ namespace {
 const wrapcert::KeyTranslator& translator() {
   static const auto tr = [] {
     const auto config = wrapcert::fixtures::tiny_gemma();
-    auto model = wrapcert::fixtures::apply_seed_recipe(
+    auto model = wrapcert::fixtures::apply_fsdp_v2_recipe(
         wrapcert::fixtures::make_causal_lm(config, {c10::kMeta}), config);
     return wrapcert::KeyTranslator::from_tree(model);
   }();

@@ -185,7 +185,7 @@ TEST(KnownBug, TranslationKeepsKeyOrder) {
 // huggingface/accelerate #2958, PR #2959 (reverted by PR #3096); EvolvingLMMs-Lab/lmms-engine
 // PR #157: gemma's tied lm_head came apart or was saved twice.
 TEST(KnownBug, GemmaTiedHeadStaysOneTensor) {
-  auto wrapped = fixtures::apply_seed_recipe(gemma_2b(), fixtures::gemma_2b());
+  auto wrapped = fixtures::apply_fsdp_v2_recipe(gemma_2b(), fixtures::gemma_2b());
   const auto sd = unwrap_reference(wrapped).state_dict();
   EXPECT_TRUE(sd["lm_head.weight"].is_same(sd["model.embed_tokens.weight"]));
   // The flat listing shows one storage for both keys.

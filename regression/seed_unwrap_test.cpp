@@ -70,7 +70,7 @@ TEST(SeedThread, TheFixFailsWithoutTheFix) {
 TEST(SeedThread, Gemma2bRecipeLeavesOrigModuleIn162Of165KeysUnderLegacy) {
   auto config = fixtures::gemma_2b();
   auto wrapped =
-      fixtures::apply_seed_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
+      fixtures::apply_fsdp_v2_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
   const auto legacy = unwrap(BuiltinUnwrap::kLegacy, wrapped);
   ASSERT_EQ(legacy.state_dict().size(), 165u);
   EXPECT_EQ(wrapped_state(legacy).size(), 162u);

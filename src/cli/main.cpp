@@ -172,7 +172,7 @@ int run_fixture(const FixtureOptions& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (seconds > 2)
     std::cerr << "wrapcert: built in " << static_cast<int>(seconds) << " s" << std::endl;
-  if (o.wrapped) model = wrapcert::fixtures::apply_seed_recipe(model, config);
+  if (o.wrapped) model = wrapcert::fixtures::apply_fsdp_v2_recipe(model, config);
   if (!o.save.empty()) {
     wrapcert::save_safetensors(o.save, wrapcert::state_dict(model), {{"format", "pt"}});
     return 0;
@@ -283,7 +283,7 @@ int run_check_keys(const CheckKeysCli& o) {
 /// The seed thread, replicated: gemma-2b full size on meta, FSDPv2 on the root and every layer.
 int run_seed(const FixtureOptions& o) {
   const auto config = wrapcert::fixtures::config_named(o.name);
-  auto wrapped = wrapcert::fixtures::apply_seed_recipe(build_fixture(config, o.device), config);
+  auto wrapped = wrapcert::fixtures::apply_fsdp_v2_recipe(build_fixture(config, o.device), config);
   const auto print = print_options(o.libtorch_style);
   std::cout << "A wrapped model (" << config.name << ", FSDPv2 on the root and every "
             << config.no_split_modules().front() << "):\n\n"
@@ -298,7 +298,7 @@ int run_seed(const FixtureOptions& o) {
             << " keys):\n";
   for (auto subject : wrapcert::all_subjects()) {
     // The duck-typed subject rewires the model it is given, so each subject gets a fresh one.
-    auto fresh = wrapcert::fixtures::apply_seed_recipe(build_fixture(config, o.device), config);
+    auto fresh = wrapcert::fixtures::apply_fsdp_v2_recipe(build_fixture(config, o.device), config);
     const auto view = wrapcert::unwrap(subject, fresh);
     const auto left = wrapcert::wrapped_state(view);
     const bool exact = wrapcert::keys(view.state_dict()) == clean;

@@ -25,7 +25,7 @@ TEST_P(OnCuda, TinyFixtureUnwrapsAndComputesOnTheGpu) {
   auto model = fixtures::make_causal_lm(config, cpu);
   model->to(gpu.device);
   const auto original = state_dict(model);
-  auto wrapped = fixtures::apply_seed_recipe(model, config);
+  auto wrapped = fixtures::apply_fsdp_v2_recipe(model, config);
   const auto tree = format_tree(wrapped);
   const auto view = unwrap_reference(wrapped);
   const auto unwrapped = view.state_dict();

@@ -23,7 +23,7 @@ TEST(Tpu, RealSpmdFsdpKeysMatchTheReplica) {
   std::ifstream in(out);
   std::ostringstream text;
   text << in.rdbuf();
-  for (const auto& v : check_seed_keys(text.str(), fixtures::tiny_gemma())) {
+  for (const auto& v : check_fsdp_v2_keys(text.str(), fixtures::tiny_gemma())) {
     if (v.property == "P1 keys (legacy unwrap)") {
       EXPECT_FALSE(v.passed);
     } else {

@@ -24,7 +24,7 @@ KeyInfo info(const std::string& key, std::vector<int64_t> shape = {2}) {
 TEST(CheckKeys, FindsTheTranslationForTheSeedsCheckpoint) {
   const auto config = fixtures::tiny_gemma();
   auto wrapped =
-      fixtures::apply_seed_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
+      fixtures::apply_fsdp_v2_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
   const auto expected = key_infos(state_dict(fixtures::make_causal_lm(config, {c10::kMeta})));
   const auto report = check_keys(key_infos(state_dict(wrapped)), expected);
   EXPECT_EQ(report.status, KeyStatus::kFixable) << to_text(report);

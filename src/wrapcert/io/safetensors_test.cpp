@@ -47,7 +47,7 @@ class Safetensors : public ::testing::Test {
 
 TEST_F(Safetensors, RoundTripsAnUnwrappedModelStoringATiedWeightOnce) {
   const auto config = fixtures::tiny_gemma();
-  auto wrapped = fixtures::apply_seed_recipe(fixtures::make_causal_lm(config), config);
+  auto wrapped = fixtures::apply_fsdp_v2_recipe(fixtures::make_causal_lm(config), config);
   const auto state = unwrap_reference(wrapped).state_dict();
   save_safetensors(path("model.safetensors"), state, {{"format", "pt"}});
 

@@ -55,8 +55,8 @@ props::Verdict compare(const std::string& property, const std::vector<std::strin
 
 }  // namespace
 
-std::vector<props::Verdict> check_seed_keys(const std::string& json_text,
-                                            const fixtures::CausalLMConfig& config) {
+std::vector<props::Verdict> check_fsdp_v2_keys(const std::string& json_text,
+                                               const fixtures::CausalLMConfig& config) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json_text);
@@ -76,7 +76,7 @@ std::vector<props::Verdict> check_seed_keys(const std::string& json_text,
   out.push_back(compare("P1 keys (legacy unwrap)", legacy, fixture));
 
   auto replica =
-      fixtures::apply_seed_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
+      fixtures::apply_fsdp_v2_recipe(fixtures::make_causal_lm(config, {c10::kMeta}), config);
   const auto tr = KeyTranslator::from_tree(replica);
   auto p8 = compare("P8 translation", wrapped, keys(state_dict(replica)));
   if (p8.passed) {

@@ -3,7 +3,7 @@
 /// tiny Gemma with torch_xla's SpmdFullyShardedDataParallel (or a stand-in with --emulate) and
 /// writes key lists as JSON; this checks them against the C++ replica.
 ///
-///   auto verdicts = wrapcert::bridge::check_seed_keys(json_text, fixtures::tiny_gemma());
+///   auto verdicts = wrapcert::bridge::check_fsdp_v2_keys(json_text, fixtures::tiny_gemma());
 ///   for (const auto& v : verdicts) std::cout << v.property << ": " << v.passed << "\n";
 
 #include <wrapcert/certify/properties.h>
@@ -19,8 +19,8 @@ namespace wrapcert::bridge {
 /// translator maps the Python wrapped keys to the originals) and "printout" (the C++ printer
 /// gives PyTorch's own printout of the wrapped model). Throws `Error` (kInvalidArgument) naming
 /// the field when the JSON is malformed.
-std::vector<props::Verdict> check_seed_keys(const std::string& json_text,
-                                            const fixtures::CausalLMConfig& config);
+std::vector<props::Verdict> check_fsdp_v2_keys(const std::string& json_text,
+                                               const fixtures::CausalLMConfig& config);
 
 /// Builds a LibTorch mirror of a module tree dumped from real PyTorch by
 /// `tools/torch_tree_dump.py`: one module per Python module (printing under its class name),

@@ -45,21 +45,21 @@ void expect_seed_verdicts(const std::vector<props::Verdict>& verdicts) {
 // PyTorch state dicts and printout, a stand-in for torch_xla's wrapper class.
 TEST(Bridge, RecordedRunMatchesTheReplica) {
   expect_seed_verdicts(
-      check_seed_keys(read(test_support::golden_dir() + "/tpu_bridge_tiny-gemma_emulated.json"),
-                      fixtures::tiny_gemma()));
+      check_fsdp_v2_keys(read(test_support::golden_dir() + "/tpu_bridge_tiny-gemma_emulated.json"),
+                         fixtures::tiny_gemma()));
 }
 
 TEST(Bridge, MalformedJsonNamesTheField) {
-  EXPECT_THROW((void)check_seed_keys("{not json", fixtures::tiny_gemma()), Error);
+  EXPECT_THROW((void)check_fsdp_v2_keys("{not json", fixtures::tiny_gemma()), Error);
   EXPECT_THAT(
       [&] {
-        (void)check_seed_keys(R"({"original": [], "wrapped": [], "legacy": []})",
-                              fixtures::tiny_gemma());
+        (void)check_fsdp_v2_keys(R"({"original": [], "wrapped": [], "legacy": []})",
+                                 fixtures::tiny_gemma());
       },
       ThrowsError(ErrorCode::kInvalidArgument, "recursive"));
   // Found by the tree-dump fuzzer: a number past double's range is nlohmann's out_of_range,
   // not a parse_error, and escaped as such.
-  EXPECT_THROW((void)check_seed_keys(R"({"original": [1e1032300]})", fixtures::tiny_gemma()),
+  EXPECT_THROW((void)check_fsdp_v2_keys(R"({"original": [1e1032300]})", fixtures::tiny_gemma()),
                Error);
   EXPECT_THROW((void)load_tree_dump(R"({"root": 0, "nodes": [1e1032300]})"), Error);
   // Also found by it: a shape whose element count fits int64 but whose size in bytes does not.
@@ -83,7 +83,7 @@ TEST(Bridge, LiveRunOnThisMachinesPyTorch) {
   const auto out = std::filesystem::temp_directory_path() /
                    ("wrapcert-bridge-" + std::to_string(::getpid()) + ".json");
   ASSERT_TRUE(run_seed_script(test_support::bridge_script(), out.string(), /*emulate=*/true));
-  expect_seed_verdicts(check_seed_keys(read(out.string()), fixtures::tiny_gemma()));
+  expect_seed_verdicts(check_fsdp_v2_keys(read(out.string()), fixtures::tiny_gemma()));
   std::filesystem::remove(out);
 }
 
