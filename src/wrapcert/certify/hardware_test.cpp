@@ -1,4 +1,5 @@
 #include <wrapcert/certify/hardware.h>
+#include <wrapcert/test_support/temp_dir.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,14 +17,9 @@ namespace fs = std::filesystem;
 class FakeHost : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("wrapcert-host-" + std::to_string(::getpid()) + "-" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
     fs::create_directories(root_ / "sys/bus/pci/devices");
     fs::create_directories(root_ / "dev");
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   void pci(const std::string& slot, const std::string& vendor) {
     fs::create_directories(root_ / "sys/bus/pci/devices" / slot);
@@ -41,7 +37,8 @@ class FakeHost : public ::testing::Test {
     return detect(o);
   }
 
-  fs::path root_;
+  test_support::TempDir host_;
+  const fs::path root_ = host_.path();
 };
 
 TEST_F(FakeHost, TpuHostIsDetectedWithItsEvidence) {

@@ -2,6 +2,7 @@
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/io/safetensors.h>
 #include <wrapcert/test_support/matchers.h>
+#include <wrapcert/test_support/temp_dir.h>
 #include <wrapcert/wrapcert.h>
 
 #include <gmock/gmock.h>
@@ -19,13 +20,6 @@ using ::testing::HasSubstr;
 
 class Safetensors : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("wrapcert-st-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   /// A file with `header` as its JSON and `data` bytes of data, as another writer would make.
@@ -42,7 +36,8 @@ class Safetensors : public ::testing::Test {
                 ThrowsError(ErrorCode::kMalformedInput, key, HasSubstr(what)));
   }
 
-  fs::path dir_;
+  test_support::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(Safetensors, RoundTripsAnUnwrappedModelStoringATiedWeightOnce) {

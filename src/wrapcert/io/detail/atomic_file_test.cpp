@@ -1,6 +1,7 @@
 #include <wrapcert/error.h>
 #include <wrapcert/io/detail/atomic_file.h>
 #include <wrapcert/test_support/matchers.h>
+#include <wrapcert/test_support/temp_dir.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -25,14 +26,7 @@ using test_support::ThrowsError;
 
 class AtomicFile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("wrapcert-atomic-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-    file_ = (dir_ / "report.json").string();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { file_ = (dir_ / "report.json").string(); }
 
   static std::string read(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -45,7 +39,8 @@ class AtomicFile : public ::testing::Test {
         std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
 
-  fs::path dir_;
+  test_support::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
   std::string file_;
 };
 
