@@ -105,7 +105,8 @@ std::string format_tree(const ModuleView& view, const PrintOptions& options) {
     stack.pop_back();
     std::vector<std::pair<std::string, const std::string*>> children;
     children.reserve(node.children.size());
-    for (const auto& edge : node.children) children.emplace_back(edge.name, &*repr[edge.node]);
+    for (const auto& edge : node.children)
+      children.emplace_back(std::string(edge.name), &*repr[edge.node]);
     repr[index] = options.style == PrintStyle::kPython
                       ? python_repr(*node.module, children, options.compress_repeated)
                       : libtorch_repr(*node.module, children);

@@ -4,6 +4,7 @@
 #include <wrapcert/unwrap.h>
 #include <wrapcert/wrap.h>
 
+#include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -47,6 +48,30 @@ ModulePtr duck_unwrap(const ModulePtr& module, const Registry& registry, int dep
   }
   return unwrapped;
 }
+
+/// `registry.find` once per module type for the length of one walk: the registry knows kinds by
+/// dynamic type alone, and hashing the type's name for every module was half of a walk's time.
+/// A type seen through another `type_info` object (one per shared library, at worst) is only
+/// asked again.
+class KindsByType {
+ public:
+  explicit KindsByType(const Registry& registry) : registry_(registry) {}
+
+  const WrapperKind* operator()(const torch::nn::Module& module) {
+    const std::type_info* type = &typeid(module);
+    for (const auto& [seen, kind] : seen_) {
+      if (seen == type) return kind;
+    }
+    const WrapperKind* kind = registry_.find(module);
+    if (seen_.size() < kMaxTypes) seen_.emplace_back(type, kind);  // beyond: a search each time
+    return kind;
+  }
+
+ private:
+  static constexpr size_t kMaxTypes = 64;  // a linear search stays cheaper than hashing a name
+  const Registry& registry_;
+  std::vector<std::pair<const std::type_info*, const WrapperKind*>> seen_;
+};
 
 }  // namespace
 
@@ -108,11 +133,13 @@ SeeThrough registered_wrappers(const Registry& registry) {
 }
 
 StateDict wrapped_state(const ModuleView& result, const Registry& registry) {
-  return result.state_through(registered_wrappers(registry));
+  KindsByType kinds(registry);
+  return result.state_through([&kinds](const torch::nn::Module& m) { return kinds(m); });
 }
 
 ModuleView unwrap_reference(const ModulePtr& root, const Registry& registry) {
-  return ModuleView::build(root, registered_wrappers(registry));
+  KindsByType kinds(registry);
+  return ModuleView::build(root, [&kinds](const torch::nn::Module& m) { return kinds(m); });
 }
 
 ModuleView unwrap(BuiltinUnwrap subject, const ModulePtr& root, const Registry& registry) {
@@ -153,7 +180,8 @@ ModulePtr release_wrappers(const ModulePtr& root, const Registry& registry) {
     const auto& node = view.node(i);
     for (const auto& edge : node.children) {
       if (edge.via.empty()) continue;
-      replace_child(*node.module, edge.name, strip(find_child(*node.module, edge.name), edge.name));
+      const std::string name(edge.name);
+      replace_child(*node.module, name, strip(find_child(*node.module, name), name));
     }
   }
   return new_root;
@@ -167,9 +195,10 @@ ScopedUnwrap::ScopedUnwrap(const ModulePtr& root, const Registry& registry) {
       const auto& node = view.node(i);
       for (const auto& edge : node.children) {
         if (edge.via.empty()) continue;
-        auto original = find_child(*node.module, edge.name);
-        replace_child(*node.module, edge.name, view.node(edge.node).module);
-        rewires_.push_back(Rewire{node.module, edge.name, std::move(original)});
+        std::string name(edge.name);
+        auto original = find_child(*node.module, name);
+        replace_child(*node.module, name, view.node(edge.node).module);
+        rewires_.push_back(Rewire{node.module, std::move(name), std::move(original)});
       }
     }
   } catch (...) {

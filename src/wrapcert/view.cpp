@@ -8,9 +8,11 @@
 #include <torch/nn/cloneable.h>
 #include <torch/utils.h>
 
+#include <c10/util/flat_hash_map.h>
+
 #include <algorithm>
-#include <optional>
-#include <unordered_map>
+#include <cstring>
+#include <memory>
 
 namespace wrapcert {
 namespace detail {
@@ -56,7 +58,39 @@ bool persistent(const torch::nn::Module& module, const std::string& buffer) {
   return !detail::has_mark(module, detail::non_persistent_mark(buffer));
 }
 
+/// Names and slots of a view: copied into chunks that never move, so views into them stay valid
+/// while the view's storage lives (the modules' own keys may change or go).
+class TextArena {
+ public:
+  std::string_view copy(std::string_view text) {
+    if (text.empty()) return {};
+    if (text.size() > free_) {
+      const size_t size = std::max(kChunk, text.size());
+      chunks_.emplace_back(new char[size]);
+      next_ = chunks_.back().get();
+      free_ = size;
+    }
+    std::memcpy(next_, text.data(), text.size());
+    const std::string_view copied(next_, text.size());
+    next_ += text.size();
+    free_ -= text.size();
+    return copied;
+  }
+
+ private:
+  static constexpr size_t kChunk = 4096;
+  std::vector<std::unique_ptr<char[]>> chunks_;
+  char* next_ = nullptr;
+  size_t free_ = 0;
+};
+
 }  // namespace
+
+struct ModuleView::Storage {
+  TextArena text;
+  std::vector<Edge> edges;              // each node's edges together, in registration order
+  std::vector<std::string_view> slots;  // the root's `via`, then each edge's, together
+};
 
 ModuleView ModuleView::of(const ModulePtr& root) {
   return build(root, nullptr);
@@ -66,45 +100,60 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   if (!root) throw Error(ErrorCode::kInvalidArgument, "", "cannot view a null module");
   ModuleView view;
   view.show_held_ = static_cast<bool>(see_through);
+  auto storage = std::make_shared<Storage>();
+  auto& edges = storage->edges;
+  auto& slots = storage->slots;
+  // Edges and slots are spans of the two arrays, which grow while the walk runs: they are
+  // kept as offsets and turned into views once the walk is done.
+  struct Span {
+    size_t first = 0;
+    size_t count = 0;
+  };
+  std::vector<Span> edges_of;  // per node: its block of `edges` (a slot per child, in order)
+  std::vector<Span> slots_of;  // per edge: its `via` in `slots`
+  Span root_slots;
+
   constexpr size_t kNotOnPath = static_cast<size_t>(-1);
+  constexpr size_t kNoEdge = static_cast<size_t>(-1);
   struct Frame {
     size_t node;
-    size_t edge;  // index of the edge into this node within its parent's children (not root)
+    size_t edge;                 // the edge into this node (kNoEdge for the root)
     const ChildTable* children;  // the module's own table, not a copy
     size_t next;
     size_t wrappers_begin;  // this frame's entries in `wrappers_on_path` start here
   };
   std::vector<Frame> stack;
   // Every module viewed -> its node; a node's frame depth while it is on the current path.
-  std::unordered_map<const torch::nn::Module*, size_t> index;
+  ska::flat_hash_map<const torch::nn::Module*, size_t> index;
   std::vector<size_t> depth_of;
   // Wrappers seen through on the current path (they are no nodes), in path order, with the
   // depth of the frame they lead to; few, so a linear search beats hashing.
   std::vector<std::pair<const torch::nn::Module*, size_t>> wrappers_on_path;
 
   // Paths are spelled out only for error messages: building one per node would make a deep
-  // chain quadratic. `depth` frames, then `edge` (a pending edge from the top frame, or null).
-  auto path_of = [&](size_t depth, const Edge* edge) {
+  // chain quadratic. `depth` frames, then `edge` (a pending edge from the top frame, or none).
+  auto path_of = [&](size_t depth, size_t edge) {
     std::string path;
-    auto append = [&path](const Edge& e) {
-      path = join_path(path, e.name);
-      for (const auto& slot : e.via) path = join_path(path, slot);
+    auto append_slots = [&](Span via) {
+      for (size_t s = via.first; s < via.first + via.count; ++s) path = join_path(path, slots[s]);
     };
-    for (const auto& slot : view.root_via_) path = join_path(path, slot);
-    for (size_t i = 1; i < depth; ++i) {
-      append(view.nodes_[stack[i - 1].node].children[stack[i].edge]);
-    }
-    if (edge) append(*edge);
+    auto append = [&](size_t e) {
+      path = join_path(path, edges[e].name);
+      append_slots(slots_of[e]);
+    };
+    append_slots(root_slots);
+    for (size_t i = 1; i < depth; ++i) append(stack[i].edge);
+    if (edge != kNoEdge) append(edge);
     return path;
   };
-  auto cycle = [&](const torch::nn::Module& module, size_t depth, const Edge* edge) {
-    const auto ancestor = path_of(std::min(depth + 1, stack.size()), nullptr);
+  auto cycle = [&](const torch::nn::Module& module, size_t depth, size_t edge) {
+    const auto ancestor = path_of(std::min(depth + 1, stack.size()), kNoEdge);
     return Error(ErrorCode::kCycle, path_of(stack.size(), edge),
                  python_type_name(module) + " is its own ancestor (already at '" +
                      (ancestor.empty() ? "<root>" : ancestor) + "')");
   };
-  // Follows wrappers from `module` along `edge` (null for the root), extending its `via`.
-  auto resolve = [&](ModulePtr module, Edge* edge, std::vector<std::string>& via) {
+  // Follows wrappers from `module` along `edge` (kNoEdge for the root), extending its `via`.
+  auto resolve = [&](ModulePtr module, size_t edge) {
     while (true) {
       const WrapperKind* kind = see_through ? see_through(*module) : nullptr;
       if (!kind) return module;
@@ -118,7 +167,8 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
       }
       wrappers_on_path.emplace_back(module.get(), stack.size());
       auto inner = kind->inner ? kind->inner(*module) : find_child(*module, kind->slot);
-      via.push_back(kind->slot);
+      slots.push_back(storage->text.copy(kind->slot));
+      ++(edge == kNoEdge ? root_slots : slots_of[edge]).count;
       if (!inner) {
         throw Error(ErrorCode::kEmptySlot, path_of(stack.size(), edge),
                     kind->name + " has no module in its slot");
@@ -131,12 +181,23 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
     index.emplace(module.get(), node);
     depth_of.push_back(stack.size());
     const ChildTable& children = child_table(*module);
+    // The children are met next: ask memory for them now, not one at a time as the walk
+    // reaches each (their objects are scattered over the heap).
+    for (const auto& item : children) {
+      if (const auto* child = item.value().get()) {
+        __builtin_prefetch(child);
+        __builtin_prefetch(&child_table(*child));
+      }
+    }
+    edges_of.push_back(Span{edges.size(), 0});
+    edges.resize(edges.size() + children.size());
+    slots_of.resize(edges.size());
     view.nodes_.push_back(Node{std::move(module), {}});
-    view.nodes_.back().children.reserve(children.size());
     stack.push_back(Frame{node, edge, &children, 0, wrappers_begin});
   };
 
-  push(resolve(root, nullptr, view.root_via_), 0, 0);
+  root_slots.first = slots.size();
+  push(resolve(root, kNoEdge), kNoEdge, 0);
   while (!stack.empty()) {
     Frame& frame = stack.back();
     if (frame.next == frame.children->size()) {
@@ -147,21 +208,32 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
     }
     const auto& item = (*frame.children)[frame.next++];
     if (!item.value()) continue;
-    auto& edges = view.nodes_[frame.node].children;
-    edges.push_back(Edge{item.key(), 0, {}});
-    const size_t edge_index = edges.size() - 1;
+    const size_t edge = edges_of[frame.node].first + edges_of[frame.node].count++;
+    edges[edge].name = storage->text.copy(item.key());
+    slots_of[edge].first = slots.size();
     const size_t wrappers_begin = wrappers_on_path.size();
-    Edge& edge = edges.back();
-    auto module = resolve(item.value(), &edge, edge.via);
+    auto module = resolve(item.value(), edge);
     if (auto it = index.find(module.get()); it != index.end()) {
-      if (depth_of[it->second] != kNotOnPath) throw cycle(*module, depth_of[it->second], &edge);
+      if (depth_of[it->second] != kNotOnPath) throw cycle(*module, depth_of[it->second], edge);
       wrappers_on_path.resize(wrappers_begin);  // shared: already viewed elsewhere
-      edge.node = it->second;
+      edges[edge].node = it->second;
       continue;
     }
-    edge.node = view.nodes_.size();
-    push(std::move(module), edge_index, wrappers_begin);  // invalidates `frame`, `edge`
+    edges[edge].node = view.nodes_.size();
+    push(std::move(module), edge, wrappers_begin);  // invalidates `frame`
   }
+
+  // The arrays are whole: spans become views.
+  const c10::ArrayRef<std::string_view> all_slots(slots);
+  for (size_t e = 0; e < edges.size(); ++e) {
+    edges[e].via = all_slots.slice(slots_of[e].first, slots_of[e].count);
+  }
+  for (size_t n = 0; n < view.nodes_.size(); ++n) {
+    view.nodes_[n].children =
+        c10::ArrayRef<Edge>(edges).slice(edges_of[n].first, edges_of[n].count);
+  }
+  view.root_via_ = all_slots.slice(root_slots.first, root_slots.count);
+  view.storage_ = std::move(storage);
   return view;
 }
 
@@ -190,7 +262,7 @@ void ModuleView::check_path_count() const {
     }
   }
   if (visits <= kMaxVisits) return;
-  std::vector<const std::string*> names;
+  std::vector<const std::string_view*> names;
   for (size_t at = most; first_parent[at].second; at = first_parent[at].first) {
     names.push_back(&first_parent[at].second->name);
   }
@@ -206,30 +278,29 @@ void ModuleView::check_path_count() const {
 
 void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) const {
   check_path_count();
-  struct Item {
+  // Keys are spelled into two buffers that grow and shrink with the path: no allocation per
+  // module or tensor besides what `fn` keeps.
+  std::string clean, wrapped;
+  for (const auto slot : root_via_) wrapped.append(slot).push_back('.');
+  struct Frame {
     size_t node;
-    std::string clean_prefix;
-    std::string wrapped_prefix;
+    size_t next;
+    size_t clean_size;    // the key prefix of this node's tensors: `clean` up to here
+    size_t wrapped_size;  // and `wrapped` up to here
     bool through;
   };
-  std::string root_prefix;
-  for (const auto& slot : root_via_) root_prefix += slot + ".";
-  std::vector<Item> stack{{0, "", root_prefix, false}};
-  std::string clean, wrapped;
-  while (!stack.empty()) {
-    Item item = std::move(stack.back());
-    stack.pop_back();
-    const Node& node = nodes_[item.node];
-    const torch::nn::Module& module = *node.module;
-    const bool through = item.through || (is_wrapper && is_wrapper(module) != nullptr);
-    // Each key is spelled into these two, whose capacity outlives the tensor: no allocation
-    // per tensor besides what `fn` keeps.
+  std::vector<Frame> stack;
+  using Tables = torch::nn::Cloneable<detail::ChildTableKey>;
+  auto enter = [&](size_t index, bool through_above) {
+    const torch::nn::Module& module = *nodes_[index].module;
+    const bool through = through_above || (is_wrapper && is_wrapper(module) != nullptr);
+    const size_t clean_size = clean.size();
+    const size_t wrapped_size = wrapped.size();
     auto emit = [&](const std::string& name, const torch::Tensor& tensor) {
-      clean.assign(item.clean_prefix).append(name);
-      wrapped.assign(item.wrapped_prefix).append(name);
-      fn(clean, wrapped, tensor, through);
+      clean.resize(clean_size);
+      wrapped.resize(wrapped_size);
+      fn(clean.append(name), wrapped.append(name), tensor, through);
     };
-    using Tables = torch::nn::Cloneable<detail::ChildTableKey>;
     for (const auto& p : Tables::parameters(module)) {
       if (p.value().defined()) emit(p.key(), p.value());
     }
@@ -239,12 +310,23 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
     for (const auto& b : Tables::buffers(module)) {
       if (b.value().defined() && persistent(module, b.key())) emit(b.key(), b.value());
     }
-    for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
-      std::string below = item.wrapped_prefix + it->name + ".";
-      for (const auto& slot : it->via) below.append(slot).append(".");
-      stack.push_back(
-          Item{it->node, item.clean_prefix + it->name + ".", std::move(below), through});
+    stack.push_back(Frame{index, 0, clean_size, wrapped_size, through});
+  };
+  enter(0, false);
+  while (!stack.empty()) {
+    Frame& frame = stack.back();
+    const auto children = nodes_[frame.node].children;
+    if (frame.next == children.size()) {
+      stack.pop_back();
+      continue;
     }
+    const Edge& edge = children[frame.next++];
+    clean.resize(frame.clean_size);
+    wrapped.resize(frame.wrapped_size);
+    clean.append(edge.name).push_back('.');
+    wrapped.append(edge.name).push_back('.');
+    for (const auto slot : edge.via) wrapped.append(slot).push_back('.');
+    enter(edge.node, frame.through);  // invalidates `frame`
   }
 }
 

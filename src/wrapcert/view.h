@@ -13,11 +13,14 @@
 
 #include <wrapcert/registry.h>
 
+#include <c10/util/ArrayRef.h>
 #include <torch/ordered_dict.h>
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace wrapcert {
@@ -29,18 +32,20 @@ using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
 /// For a module met on the walk: the wrapper kind to see through, or nullptr to keep it.
 using SeeThrough = std::function<const WrapperKind*(const torch::nn::Module&)>;
 
+/// Names, edges and slots live in storage the view owns and its copies share: they stay valid
+/// as long as any copy of the view does, whatever happens to the modules afterwards.
 class ModuleView {
  public:
   struct Edge {
-    std::string name;  ///< the child's name in the parent's registry
-    size_t node;       ///< index of the child node
+    std::string_view name;  ///< the child's name in the parent's registry (a copy the view owns)
+    size_t node;            ///< index of the child node
     /// Slot names of the wrappers seen through between parent and child, outermost first;
     /// the wrapped key of a child tensor is `name.via[0].via[1]....key`.
-    std::vector<std::string> via;
+    c10::ArrayRef<std::string_view> via;
   };
   struct Node {
     ModulePtr module;
-    std::vector<Edge> children;
+    c10::ArrayRef<Edge> children;  ///< in the parent's registration order
   };
 
   /// The tree as it is: wrappers are ordinary nodes.
@@ -52,7 +57,7 @@ class ModuleView {
   const Node& node(size_t index) const { return nodes_.at(index); }
   size_t size() const { return nodes_.size(); }
   /// Slots of the wrappers seen through above the root, outermost first.
-  const std::vector<std::string>& root_via() const { return root_via_; }
+  c10::ArrayRef<std::string_view> root_via() const { return root_via_; }
 
   /// Parameters and persistent buffers; undefined tensors (a `bias=false` Linear) are absent.
   StateDict state_dict() const;
@@ -77,8 +82,10 @@ class ModuleView {
 
   static constexpr uint64_t kMaxVisits = uint64_t{1} << 24;
 
+  struct Storage;  // names, edges and slots; never changed once built
   std::vector<Node> nodes_;
-  std::vector<std::string> root_via_;
+  std::shared_ptr<const Storage> storage_;
+  c10::ArrayRef<std::string_view> root_via_;
   bool show_held_ = false;  // a view through wrappers shows what flattening wrappers hold
 };
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <optional>
+
 namespace wrapcert {
 namespace {
 
@@ -58,6 +60,27 @@ TEST(ModuleView, ReportsWhatIsStillWrapped) {
   EXPECT_THAT(keys(wrapped_state(ModuleView::of(wrapped))),
               ElementsAre("fc.module.weight", "fc.module.bias"));
   EXPECT_TRUE(wrapped_state(unwrap_reference(wrapped)).is_empty());
+}
+
+TEST(ModuleView, KeepsItsNamesAndSlotsWhenTheTreeChangesAfterwards) {
+  // Names longer than a short string's inline room, under wrappers: what a view shows must be
+  // its own copy, not the modules' keys (which move when a table grows, and go with a module).
+  auto root = std::make_shared<ChainImpl>();
+  root->register_module("post_attention_layernorm_of_a_long_name", torch::nn::Linear(1, 1));
+  auto wrapped = wrap(root, "post_attention_layernorm_of_a_long_name", "DataParallel");
+  auto copy = std::make_optional(unwrap_reference(wrapped));
+  const ModuleView view = *copy;  // copies share what they show
+  copy.reset();
+  for (int i = 0; i < 64; ++i) {  // the table reallocates its keys several times
+    root->register_module("added_later_with_a_long_name_" + std::to_string(i),
+                          torch::nn::Linear(1, 1));
+  }
+  root->unregister_module("post_attention_layernorm_of_a_long_name");
+  const auto& edge = view.root().children.at(0);
+  EXPECT_EQ(edge.name, "post_attention_layernorm_of_a_long_name");
+  EXPECT_THAT(edge.via, ElementsAre("module"));
+  EXPECT_THAT(keys(view.state_dict()), ElementsAre("post_attention_layernorm_of_a_long_name.weight",
+                                                   "post_attention_layernorm_of_a_long_name.bias"));
 }
 
 }  // namespace
