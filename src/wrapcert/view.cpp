@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 namespace wrapcert {
 namespace detail {
@@ -84,6 +85,37 @@ class TextArena {
   size_t free_ = 0;
 };
 
+/// The wrappers seen through on the current path (they are no nodes), in path order, each with
+/// the depth of the frame it leads to. Most paths cross a few, searched in a short array; a long
+/// chain's are indexed as well, so that a 100,000-deep chain stays linear.
+class WrappersOnPath {
+ public:
+  /// The depth `wrapper` leads to, if it is on the path.
+  std::optional<size_t> find(const torch::nn::Module* wrapper) const {
+    for (size_t i = 0; i < std::min(path_.size(), kScanned); ++i) {
+      if (path_[i].first == wrapper) return path_[i].second;
+    }
+    if (path_.size() > kScanned) {
+      if (auto it = beyond_.find(wrapper); it != beyond_.end()) return it->second;
+    }
+    return std::nullopt;
+  }
+  void push(const torch::nn::Module* wrapper, size_t depth) {
+    if (path_.size() >= kScanned) beyond_.emplace(wrapper, depth);
+    path_.emplace_back(wrapper, depth);
+  }
+  size_t size() const { return path_.size(); }
+  void truncate(size_t size) {
+    for (size_t i = std::max(size, kScanned); i < path_.size(); ++i) beyond_.erase(path_[i].first);
+    path_.resize(size);
+  }
+
+ private:
+  static constexpr size_t kScanned = 16;
+  std::vector<std::pair<const torch::nn::Module*, size_t>> path_;
+  ska::flat_hash_map<const torch::nn::Module*, size_t> beyond_;
+};
+
 }  // namespace
 
 struct ModuleView::Storage {
@@ -126,9 +158,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   // Every module viewed -> its node; a node's frame depth while it is on the current path.
   ska::flat_hash_map<const torch::nn::Module*, size_t> index;
   std::vector<size_t> depth_of;
-  // Wrappers seen through on the current path (they are no nodes), in path order, with the
-  // depth of the frame they lead to; few, so a linear search beats hashing.
-  std::vector<std::pair<const torch::nn::Module*, size_t>> wrappers_on_path;
+  WrappersOnPath wrappers_on_path;
 
   // Paths are spelled out only for error messages: building one per node would make a deep
   // chain quadratic. `depth` frames, then `edge` (a pending edge from the top frame, or none).
@@ -157,15 +187,13 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
     while (true) {
       const WrapperKind* kind = see_through ? see_through(*module) : nullptr;
       if (!kind) return module;
-      for (const auto& [wrapper, depth] : wrappers_on_path) {
-        if (wrapper == module.get()) throw cycle(*module, depth, edge);
-      }
+      if (auto depth = wrappers_on_path.find(module.get())) throw cycle(*module, *depth, edge);
       if (auto stray = stray_state(*module, *kind)) {
         throw Error(ErrorCode::kWrapperState, join_path(path_of(stack.size(), edge), stray->name),
                     kind->name + " holds a " + stray->what + " outside its slot '" + kind->slot +
                         "', and its kind does not declare it as state of its own");
       }
-      wrappers_on_path.emplace_back(module.get(), stack.size());
+      wrappers_on_path.push(module.get(), stack.size());
       auto inner = kind->inner ? kind->inner(*module) : find_child(*module, kind->slot);
       slots.push_back(storage->text.copy(kind->slot));
       ++(edge == kNoEdge ? root_slots : slots_of[edge]).count;
@@ -201,7 +229,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   while (!stack.empty()) {
     Frame& frame = stack.back();
     if (frame.next == frame.children->size()) {
-      wrappers_on_path.resize(frame.wrappers_begin);
+      wrappers_on_path.truncate(frame.wrappers_begin);
       depth_of[frame.node] = kNotOnPath;
       stack.pop_back();
       continue;
@@ -215,7 +243,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
     auto module = resolve(item.value(), edge);
     if (auto it = index.find(module.get()); it != index.end()) {
       if (depth_of[it->second] != kNotOnPath) throw cycle(*module, depth_of[it->second], edge);
-      wrappers_on_path.resize(wrappers_begin);  // shared: already viewed elsewhere
+      wrappers_on_path.truncate(wrappers_begin);  // shared: already viewed elsewhere
       edges[edge].node = it->second;
       continue;
     }
