@@ -1,11 +1,11 @@
 #include <wrapcert/detail/marks.h>
+#include <wrapcert/detail/parameter_table.h>
 #include <wrapcert/detail/path.h>
 #include <wrapcert/detail/wrapper_state.h>
 #include <wrapcert/error.h>
 #include <wrapcert/layer.h>
 #include <wrapcert/view.h>
 
-#include <torch/nn/cloneable.h>
 #include <torch/utils.h>
 
 #include <c10/util/flat_hash_map.h>
@@ -16,44 +16,12 @@
 #include <optional>
 
 namespace wrapcert {
-namespace detail {
-/// Names the specialization below; nothing else.
-struct ChildTableKey {};
-}  // namespace detail
-using ChildTable = torch::OrderedDict<std::string, ModulePtr>;
-}  // namespace wrapcert
-
-/// `torch::nn::Module` keeps its tables of children, parameters and buffers private and
-/// befriends every `Cloneable<T>`; this specialization (for a type of wrapcert's own, so it can
-/// clash with nothing) only reads them, where `named_children()`, `named_parameters()` and
-/// `named_buffers()` would copy each table (names, values and a hash index).
-template <>
-class torch::nn::Cloneable<wrapcert::detail::ChildTableKey> {
- public:
-  static const wrapcert::ChildTable& children(const torch::nn::Module& module) {
-    return module.children_;
-  }
-  static const torch::OrderedDict<std::string, torch::Tensor>& parameters(
-      const torch::nn::Module& module) {
-    return module.parameters_;
-  }
-  static const torch::OrderedDict<std::string, torch::Tensor>& buffers(
-      const torch::nn::Module& module) {
-    return module.buffers_;
-  }
-};
-
-namespace wrapcert {
 namespace {
 
+using detail::child_table;
+using detail::ChildTable;
 using detail::join_path;
 using detail::stray_state;
-
-/// A module's own child table, read in place: `named_children()` copies it (names, pointers
-/// and a hash index) for every module, which was most of the cost of building a view.
-const ChildTable& child_table(const torch::nn::Module& module) {
-  return torch::nn::Cloneable<detail::ChildTableKey>::children(module);
-}
 
 bool persistent(const torch::nn::Module& module, const std::string& buffer) {
   return !detail::has_mark(module, detail::non_persistent_mark(buffer));
@@ -318,7 +286,6 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
     bool through;
   };
   std::vector<Frame> stack;
-  using Tables = torch::nn::Cloneable<detail::ChildTableKey>;
   auto enter = [&](size_t index, bool through_above) {
     const torch::nn::Module& module = *nodes_[index].module;
     const bool through = through_above || (is_wrapper && is_wrapper(module) != nullptr);
@@ -329,13 +296,13 @@ void ModuleView::walk_state(const SeeThrough& is_wrapper, const StateFn& fn) con
       wrapped.resize(wrapped_size);
       fn(clean.append(name), wrapped.append(name), tensor, through);
     };
-    for (const auto& p : Tables::parameters(module)) {
+    for (const auto& p : detail::parameter_table(module)) {
       if (p.value().defined()) emit(p.key(), p.value());
     }
     if (show_held_) {
       for (const auto& [name, tensor] : detail::held_parameters(module)) emit(name, tensor);
     }
-    for (const auto& b : Tables::buffers(module)) {
+    for (const auto& b : detail::buffer_table(module)) {
       if (b.value().defined() && persistent(module, b.key())) emit(b.key(), b.value());
     }
     stack.push_back(Frame{index, 0, clean_size, wrapped_size, through});
@@ -377,10 +344,10 @@ StateDict ModuleView::state_dict() const {
   StateDict state;
   // Room for every tensor of every module once (a shared module's second path may grow it):
   // growing the dictionary's index step by step rehashes every key each time.
-  using Tables = torch::nn::Cloneable<detail::ChildTableKey>;
   size_t tensors = 0;
   for (const auto& node : nodes_) {
-    tensors += Tables::parameters(*node.module).size() + Tables::buffers(*node.module).size();
+    tensors +=
+        detail::parameter_table(*node.module).size() + detail::buffer_table(*node.module).size();
   }
   state.reserve(tensors);
   for_each_state([&state](const std::string& key, const std::string&, const torch::Tensor& t) {
