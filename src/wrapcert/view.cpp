@@ -56,6 +56,9 @@ class TextArena {
 /// The wrappers seen through on the current path (they are no nodes), in path order, each with
 /// the depth of the frame it leads to. Most paths cross a few, searched in a short array; a long
 /// chain's are indexed as well, so that a 100,000-deep chain stays linear.
+/// Room the module index starts with: a decoder model of a few hundred modules never rehashes.
+constexpr size_t kIndexStart = 512;
+
 class WrappersOnPath {
  public:
   /// The depth `wrapper` leads to, if it is on the path.
@@ -125,6 +128,8 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   std::vector<Frame> stack;
   // Every module viewed -> its node; a node's frame depth while it is on the current path.
   ska::flat_hash_map<const torch::nn::Module*, size_t> index;
+  // Growing from nothing rehashes it at every doubling; a model's few hundred modules fit.
+  index.reserve(kIndexStart);
   std::vector<size_t> depth_of;
   WrappersOnPath wrappers_on_path;
 
