@@ -53,12 +53,12 @@ class TextArena {
   size_t free_ = 0;
 };
 
-/// The wrappers seen through on the current path (they are no nodes), in path order, each with
-/// the depth of the frame it leads to. Most paths cross a few, searched in a short array; a long
-/// chain's are indexed as well, so that a 100,000-deep chain stays linear.
 /// Room the module index starts with: a decoder model of a few hundred modules never rehashes.
 constexpr size_t kIndexStart = 512;
 
+/// The wrappers seen through on the current path (they are no nodes), in path order, each with
+/// the depth of the frame it leads to. Most paths cross a few, searched in a short array; a long
+/// chain's are indexed as well, so that a 100,000-deep chain stays linear.
 class WrappersOnPath {
  public:
   /// The depth `wrapper` leads to, if it is on the path.
