@@ -5,10 +5,11 @@
 #include <wrapcert/io/detail/pickle.h>
 #include <wrapcert/io/torch_save.h>
 
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/types.h>
 #include <zip.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -43,6 +44,10 @@ struct Value {
   std::vector<std::pair<Value*, Value*>> dict;
   torch::Tensor tensor;  // on meta
   size_t storage = 0;    // the tensor's storage, an index into the reader's storages
+  // A string's opcode in the pickle, [begin, end), and whether the memo handed it out again.
+  size_t begin = 0;
+  size_t end = 0;
+  bool reused = false;
 };
 // Values live in the reader's arena and point at each other without owning: a pickle may build
 // a list that contains itself, or nest a million tuples, and neither leaks nor recurses.
@@ -80,11 +85,18 @@ std::string describe(const Value* v) {
 
 const std::map<std::string, c10::ScalarType>& storage_types() {
   static const std::map<std::string, c10::ScalarType> table = {
-      {"torch FloatStorage", c10::kFloat}, {"torch DoubleStorage", c10::kDouble},
-      {"torch HalfStorage", c10::kHalf},   {"torch BFloat16Storage", c10::kBFloat16},
-      {"torch LongStorage", c10::kLong},   {"torch IntStorage", c10::kInt},
-      {"torch ShortStorage", c10::kShort}, {"torch CharStorage", c10::kChar},
-      {"torch ByteStorage", c10::kByte},   {"torch BoolStorage", c10::kBool}};
+      {"torch FloatStorage", c10::kFloat},
+      {"torch DoubleStorage", c10::kDouble},
+      {"torch HalfStorage", c10::kHalf},
+      {"torch BFloat16Storage", c10::kBFloat16},
+      {"torch LongStorage", c10::kLong},
+      {"torch IntStorage", c10::kInt},
+      {"torch ShortStorage", c10::kShort},
+      {"torch CharStorage", c10::kChar},
+      {"torch ByteStorage", c10::kByte},
+      {"torch BoolStorage", c10::kBool},
+      {"torch ComplexFloatStorage", c10::kComplexFloat},
+      {"torch ComplexDoubleStorage", c10::kComplexDouble}};
   return table;
 }
 
@@ -97,18 +109,22 @@ class Reader {
       : path_(std::move(path)), data_(data), size_(size), pos_(pos), storages_(storages) {}
 
   size_t pos() const { return pos_; }
+  /// Where each FRAME opcode starts (9 bytes: the opcode and a length).
+  const std::vector<size_t>& frames() const { return frames_; }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw Error(ErrorCode::kMalformedInput, key, path_ + ": " + what);
   }
 
   Ptr run() {
     while (true) {
+      op_begin_ = pos_;
       const auto op = static_cast<unsigned char>(byte());
       switch (op) {
         case 0x80:
           byte();
           break;  // PROTO
         case 0x95:
+          frames_.push_back(pos_ - 1);
           bytes(8);
           break;  // FRAME
         case 0x94:
@@ -318,6 +334,7 @@ class Reader {
   Ptr memo(uint64_t i) {
     auto it = memo_.find(i);
     if (it == memo_.end()) fail("", "the pickle refers to an unknown memo entry");
+    it->second->reused = true;
     return it->second;
   }
   std::vector<Ptr> pop_to_mark() {
@@ -375,7 +392,9 @@ class Reader {
   }
   void push_string(uint64_t n) {
     auto v = make(Value::Kind::kString);
+    v->begin = op_begin_;
     v->s = bytes(n);
+    v->end = pos_;
     push(v);
   }
   void push_global() {
@@ -486,6 +505,8 @@ class Reader {
   const char* data_;
   size_t size_;
   size_t pos_;
+  size_t op_begin_ = 0;
+  std::vector<size_t> frames_;
   std::vector<Ptr> stack_;
   std::unordered_map<uint64_t, Ptr> memo_;
   std::unordered_map<std::string, Ptr> by_key_;
@@ -535,6 +556,7 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
   Reader reader(path, data, size, 0, out.storages);
   const Value* root = reader.run();
   out.end = reader.pos();
+  out.frames = reader.frames();
   if (root->kind != Value::Kind::kDict)
     reader.fail("", "the file holds " + describe(root) + ", not a dict");
   const Value* chosen = root;
@@ -598,7 +620,48 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
     if (out.state.contains(k->s)) reader.fail(k->s, "the key is saved twice");
     out.state.insert(k->s, v->tensor);
     out.storage_of.push_back(v->storage);
+    out.key_spans.push_back({k->begin, k->end, k->reused});
   }
+  return out;
+}
+
+std::string rename_pickled_keys(const char* data, const PickledStateDict& pickled,
+                                const std::vector<std::pair<std::string, std::string>>& renames,
+                                const std::string& path) {
+  std::unordered_map<std::string, std::string> to(renames.begin(), renames.end());
+  struct Edit {
+    size_t begin, end;
+    std::string bytes;
+  };
+  std::vector<Edit> edits;
+  for (size_t f : pickled.frames) edits.push_back({f, f + 9, ""});
+  size_t i = 0;
+  for (const auto& item : pickled.state) {
+    const auto& span = pickled.key_spans[i++];
+    const auto it = to.find(item.key());
+    if (it == to.end() || it->second == item.key()) continue;
+    if (span.reused) {
+      throw Error(ErrorCode::kMalformedInput, item.key(),
+                  path +
+                      ": the pickle refers to the key's string elsewhere too; renaming it "
+                      "would rename that as well, so wrapcert leaves this file as it is");
+    }
+    const auto n = static_cast<uint32_t>(it->second.size());
+    std::string op(5, 'X');  // BINUNICODE: a 4-byte little-endian length, then UTF-8
+    for (int b = 0; b < 4; ++b) op[1 + b] = static_cast<char>((n >> (8 * b)) & 0xff);
+    edits.push_back({span.begin, span.end, op + it->second});
+  }
+  std::sort(edits.begin(), edits.end(),
+            [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  std::string out;
+  out.reserve(pickled.end + 64 * edits.size());
+  size_t at = 0;
+  for (const auto& e : edits) {
+    out.append(data + at, e.begin - at);
+    out += e.bytes;
+    at = e.end;
+  }
+  out.append(data + at, pickled.end - at);
   return out;
 }
 
@@ -638,6 +701,21 @@ class ZipArchive {
   }
   ZipArchive(const ZipArchive&) = delete;
   ZipArchive& operator=(const ZipArchive&) = delete;
+
+  /// Every record's name under the archive's folder, in the archive's order. A record outside
+  /// that folder is damage: `torch.save` writes none, and a copy could not keep it.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    const auto n = ::zip_get_num_entries(zip_, 0);
+    for (zip_int64_t i = 0; i < n; ++i) {
+      const std::string name = ::zip_get_name(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+      if (name.compare(0, prefix_.size(), prefix_) != 0) {
+        damaged(path_, "record " + name + " lies outside the archive's folder " + prefix_);
+      }
+      out.push_back(name.substr(prefix_.size()));
+    }
+    return out;
+  }
 
   /// The record's size, or -1 when the archive lacks it.
   int64_t size(const std::string& name) const {
@@ -738,34 +816,44 @@ TorchSaveFile read_zip(detail::InputFile& file, const TorchSaveOptions& options)
   return out;
 }
 
-TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& options) {
-  const std::string& path = file.path();
-  const detail::MappedFile map(file);
+/// Runs the pickle at `pos` and hands its value to `check` (values live in the reader's arena);
+/// `pos` moves past it.
+void next_pickle(const detail::MappedFile& map, const std::string& path, size_t& pos,
+                 const std::function<void(const Value*)>& check) {
+  std::vector<detail::PickledStorage> none;
+  Reader reader(path, map.data(), map.size(), pos, none);
+  check(reader.run());
+  pos = reader.pos();
+}
+
+/// Checks the magic number, the protocol version and the system information of a legacy file
+/// and returns where the saved object's pickle starts.
+size_t legacy_object_start(const detail::MappedFile& map, const std::string& path) {
   size_t pos = sizeof kLegacyMagic;
-  // Runs the pickle at `pos` and hands its value to `check` (values live in the reader's arena).
-  auto next = [&](const std::function<void(const Value*)>& check) {
-    std::vector<detail::PickledStorage> none;
-    Reader reader(path, map.data(), map.size(), pos, none);
-    check(reader.run());
-    pos = reader.pos();
-  };
-  next([&](const Value* version) {
+  next_pickle(map, path, pos, [&](const Value* version) {
     if (version->kind != Value::Kind::kInt || version->i != 1001) {
       damaged(path, "a legacy torch.save file of an unknown protocol version");
     }
   });
-  next([&](const Value* info) {
+  next_pickle(map, path, pos, [&](const Value* info) {
     const Value* little =
         info->kind == Value::Kind::kDict ? find_entry(info, "little_endian") : nullptr;
     if (little && little->kind == Value::Kind::kBool && !little->i) {
       damaged(path, "a big-endian legacy torch.save file, which wrapcert does not read");
     }
   });
+  return pos;
+}
+
+TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& options) {
+  const std::string& path = file.path();
+  const detail::MappedFile map(file);
+  size_t pos = legacy_object_start(map, path);
   auto pickled =
       detail::read_state_dict_pickle(map.data() + pos, map.size() - pos, path, options.entry);
   pos += pickled.end;
   std::vector<std::string> order;
-  next([&](const Value* keys) {
+  next_pickle(map, path, pos, [&](const Value* keys) {
     if (keys->kind != Value::Kind::kList) damaged(path, "the storage key list is missing");
     for (const auto* k : keys->items) {
       if (k->kind != Value::Kind::kString) damaged(path, "a storage key that is not a string");
@@ -839,17 +927,245 @@ StateDict load_torch_save(const std::string& path) {
   return read_torch_save(path).state;
 }
 
+namespace {
+
+/// What `torch.save` pickles for a state dict, in Python's protocol 2, written by hand: the
+/// pickle libraries for C++ write other shapes (LibTorch's tags its dicts with
+/// `torch.jit._pickle.restore_type_tag`, which `torch.load(weights_only=True)` refuses).
+///   OrderedDict([(key, _rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict()))])
+/// where each storage is a persistent id ('storage', torch.FloatStorage, '0', 'cpu', numel).
+class StateDictPickler {
+ public:
+  StateDictPickler() {
+    out_ += "\x80\x02";  // PROTO 2
+    ordered_dict();
+  }
+
+  void begin_items() { out_ += '('; }  // MARK; SETITEMS closes it
+  void end_items() { out_ += 'u'; }
+  void tensor(const std::string& key, const std::string& storage_key, const char* storage_type,
+              int64_t storage_numel, const at::Tensor& t) {
+    string(key);
+    global("torch._utils", "_rebuild_tensor_v2");
+    out_ += '(';
+    out_ += '(';  // the persistent id, a tuple of five
+    string("storage");
+    global("torch", storage_type);
+    string(storage_key);
+    string("cpu");
+    integer(storage_numel);
+    out_ += 't';
+    out_ += 'Q';  // BINPERSID
+    integer(t.storage_offset());
+    ints(t.sizes());
+    ints(t.strides());
+    out_ += '\x89';  // False: requires_grad
+    ordered_dict();  // backward hooks
+    out_ += 't';
+    out_ += 'R';
+  }
+  std::string finish() {
+    out_ += '.';
+    return std::move(out_);
+  }
+
+ private:
+  void global(const char* module, const char* name) {
+    out_ += 'c';
+    out_ += module;
+    out_ += '\n';
+    out_ += name;
+    out_ += '\n';
+  }
+  void ordered_dict() {
+    global("collections", "OrderedDict");
+    out_ += ')';
+    out_ += 'R';
+  }
+  void little_endian(uint64_t v, int n) {
+    for (int b = 0; b < n; ++b) out_ += static_cast<char>((v >> (8 * b)) & 0xff);
+  }
+  void string(const std::string& s) {
+    out_ += 'X';
+    little_endian(s.size(), 4);
+    out_ += s;
+  }
+  /// As Python's pickler writes an int: BININT1, BININT2, BININT, else LONG1.
+  void integer(int64_t v) {
+    if (v >= 0 && v < 256) {
+      out_ += 'K';
+      little_endian(static_cast<uint64_t>(v), 1);
+    } else if (v >= 0 && v < 65536) {
+      out_ += 'M';
+      little_endian(static_cast<uint64_t>(v), 2);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+      out_ += 'J';
+      little_endian(static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(v))), 4);
+    } else {  // two's complement, as few bytes as hold the sign
+      int n = 1;
+      while (n < 8 && (v >> (8 * n - 1)) != 0 && (v >> (8 * n - 1)) != -1) ++n;
+      out_ += '\x8a';
+      out_ += static_cast<char>(n);
+      little_endian(static_cast<uint64_t>(v), n);
+    }
+  }
+  void ints(c10::IntArrayRef values) {
+    if (values.empty()) {
+      out_ += ')';
+      return;
+    }
+    if (values.size() > 3) out_ += '(';
+    for (const auto v : values) integer(v);
+    out_ += values.size() > 3 ? 't' : static_cast<char>(0x84 + values.size());  // TUPLE1..3
+  }
+
+  std::string out_;
+};
+
+const char* storage_type_name(c10::ScalarType dtype) {
+  for (const auto& [name, type] : storage_types()) {
+    if (type == dtype) return name.c_str() + name.find(' ') + 1;
+  }
+  return nullptr;
+}
+
+/// Writes records through LibTorch's own archive writer, the one behind Python's `torch.save`
+/// (64-byte aligned, uncompressed, a `version` record at the end), into `out`. A write that
+/// fails leaves `out` failed; the writer is never made to throw from its destructor.
+class ArchiveWriter {
+ public:
+  explicit ArchiveWriter(std::ostream& out)
+      : writer_([&out](const void* data, size_t n) {
+          out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+          return n;  // a failed stream is seen by the caller, after the archive ends
+        }) {}
+  void record(const std::string& name, const void* data, size_t n) {
+    try {
+      writer_.writeRecord(name, data, n);
+    } catch (const c10::Error& e) {
+      throw Error(ErrorCode::kInvalidArgument, name, e.what_without_backtrace());
+    }
+  }
+  void finish(uint64_t version) {
+    writer_.setMinVersion(version);
+    writer_.writeEndOfFile();
+  }
+
+ private:
+  caffe2::serialize::PyTorchStreamWriter writer_;
+};
+
+void rewrite_zip(detail::InputFile& file, const std::string& destination,
+                 const std::vector<std::pair<std::string, std::string>>& renames,
+                 const std::string& entry) {
+  const std::string path = file.path();
+  ZipArchive archive(file);
+  const auto pickle = archive.read_all("data.pkl");
+  const auto pickled = detail::read_state_dict_pickle(pickle.data(), pickle.size(), path, entry);
+  auto renamed = detail::rename_pickled_keys(pickle.data(), pickled, renames, path);
+  renamed.append(pickle, pickled.end, std::string::npos);
+  const auto names = archive.names();
+  write_file_atomically(destination, [&](std::ostream& out) {
+    ArchiveWriter writer(out);
+    uint64_t version = caffe2::serialize::kMinProducedFileFormatVersion;
+    for (const auto& name : names) {
+      if (name == "data.pkl") {
+        writer.record(name, renamed.data(), renamed.size());
+      } else if (name == "version" || name == ".data/version") {
+        // The writer adds its own; a newer file's version is kept.
+        const auto text = archive.read_all(name);
+        char* end = nullptr;
+        const auto v = std::strtoull(text.c_str(), &end, 10);
+        if (end == text.c_str()) damaged(path, "record " + name + " holds no version number");
+        version = std::max<uint64_t>(version, v);
+      } else if (!name.empty() && name.back() != '/') {  // folders are implied by their records
+        const auto bytes = archive.read_all(name);       // one record in memory at a time
+        writer.record(name, bytes.data(), bytes.size());
+      }
+    }
+    writer.finish(version);
+  });
+}
+
+void rewrite_legacy(detail::InputFile& file, const std::string& destination,
+                    const std::vector<std::pair<std::string, std::string>>& renames,
+                    const std::string& entry) {
+  const std::string& path = file.path();
+  const detail::MappedFile map(file);
+  const size_t start = legacy_object_start(map, path);
+  const auto pickled =
+      detail::read_state_dict_pickle(map.data() + start, map.size() - start, path, entry);
+  const auto renamed = detail::rename_pickled_keys(map.data() + start, pickled, renames, path);
+  write_file_atomically(destination, [&](std::ostream& out) {
+    out.write(map.data(), static_cast<std::streamsize>(start));
+    out.write(renamed.data(), static_cast<std::streamsize>(renamed.size()));
+    const size_t rest = start + pickled.end;
+    out.write(map.data() + rest, static_cast<std::streamsize>(map.size() - rest));
+  });
+}
+
+}  // namespace
+
+void rewrite_torch_save(const std::string& source, const std::string& destination,
+                        const std::vector<std::pair<std::string, std::string>>& renames,
+                        const std::string& entry) {
+  detail::InputFile file(source);
+  static constexpr unsigned char kZip[] = {'P', 'K', 3, 4};
+  if (starts_with(file, kZip, sizeof kZip)) return rewrite_zip(file, destination, renames, entry);
+  if (starts_with(file, kLegacyMagic, sizeof kLegacyMagic)) {
+    return rewrite_legacy(file, destination, renames, entry);
+  }
+  (void)read_torch_save(source, {false, entry});  // names what the file is instead
+  damaged(source, "not a torch.save file");
+}
+
 void save_torch_save(const std::string& path, const StateDict& state) {
-  c10::Dict<std::string, at::Tensor> dict;
+  // One storage per distinct storage of the state dict, as `torch.save` keeps ties and views.
+  struct Storage {
+    std::string key;
+    const char* type;
+    int64_t numel;
+    at::Tensor owner;  // keeps the data alive and gives its bytes
+  };
+  std::vector<Storage> storages;
+  std::unordered_map<const void*, size_t> index;
+  StateDictPickler pickler;
+  pickler.begin_items();
   for (const auto& item : state) {
     if (item.value().is_meta()) {
       throw Error(ErrorCode::kInvalidArgument, item.key(),
                   "a tensor on the meta device has no data to save");
     }
-    dict.insert(item.key(), item.value().detach().to(torch::kCPU));
+    const auto t = item.value().is_cpu() ? item.value().detach() : item.value().detach().cpu();
+    const char* type = storage_type_name(t.scalar_type());
+    if (!type) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(),
+                  std::string("torch.save has no storage type for dtype ") +
+                      c10::toString(t.scalar_type()));
+    }
+    const void* impl = t.storage().unsafeGetStorageImpl();
+    auto [it, fresh] = index.emplace(impl, storages.size());
+    if (fresh) {
+      const auto bytes = static_cast<int64_t>(t.storage().nbytes());
+      storages.push_back({std::to_string(storages.size()), type,
+                          bytes / static_cast<int64_t>(t.element_size()), t});
+    } else if (storages[it->second].type != type) {
+      throw Error(ErrorCode::kInvalidArgument, item.key(),
+                  "shares its storage with a tensor of another dtype, which torch.save refuses");
+    }
+    const auto& s = storages[it->second];
+    pickler.tensor(item.key(), s.key, s.type, s.numel, t);
   }
-  const auto bytes = torch::jit::pickle_save(c10::IValue(dict));
-  write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+  pickler.end_items();
+  const auto pickle = pickler.finish();
+  write_file_atomically(path, [&](std::ostream& out) {
+    ArchiveWriter writer(out);
+    writer.record("data.pkl", pickle.data(), pickle.size());
+    for (const auto& s : storages) {
+      writer.record("data/" + s.key, s.owner.storage().data(), s.owner.storage().nbytes());
+    }
+    writer.finish(caffe2::serialize::kMinProducedFileFormatVersion);
+  });
 }
 
 }  // namespace wrapcert

@@ -10,6 +10,7 @@
 #include <wrapcert/view.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wrapcert {
@@ -40,8 +41,20 @@ TorchSaveFile read_torch_save(const std::string& path, const TorchSaveOptions& o
 /// Every tensor of a saved state dict, on the CPU, in saved order: `read_torch_save(path).state`.
 StateDict load_torch_save(const std::string& path);
 
-/// Writes `state` as a `torch.save` zip archive that Python's `torch.load` reads as a dict;
-/// entries that share a storage (ties, views) share it in the file. Written atomically.
+/// Writes `state` as Python's `torch.save(state_dict)` does: a zip archive through LibTorch's
+/// archive writer whose pickle is an `OrderedDict` of `torch._utils._rebuild_tensor_v2` calls, so
+/// `torch.load(path, weights_only=True)` reads it; entries that share a storage (ties, views)
+/// share it in the file. Written atomically, one storage at a time.
 void save_torch_save(const std::string& path, const StateDict& state);
+
+/// Copies the `torch.save` file at `source` (zip or legacy) to `destination` with the keys of
+/// its state dict renamed (`renames`: old key -> new key). Only the pickle's key strings change:
+/// the trainer's entries beside the state dict (optimizer, scheduler, epoch, objects of classes
+/// wrapcert does not know), every storage and every other record are kept byte for byte, and
+/// nothing in the file is executed. `entry` chooses the state dict as in `TorchSaveOptions`.
+/// Holds one record in memory at a time; written atomically (`source` may be `destination`).
+void rewrite_torch_save(const std::string& source, const std::string& destination,
+                        const std::vector<std::pair<std::string, std::string>>& renames,
+                        const std::string& entry = "");
 
 }  // namespace wrapcert

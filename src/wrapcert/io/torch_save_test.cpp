@@ -169,6 +169,52 @@ TEST(TorchSavePickle, RefusesAKeySavedTwice) {
   expect_malformed(p, "w", "saved twice");
 }
 
+std::string renamed(const Pickle& p, const std::vector<std::pair<std::string, std::string>>& r,
+                    const std::string& entry = "") {
+  const auto pickled =
+      detail::read_state_dict_pickle(p.bytes.data(), p.bytes.size(), "test.pkl", entry);
+  return detail::rename_pickled_keys(p.bytes.data(), pickled, r, "test.pkl");
+}
+
+/// {"model": {KEY: tensor}, "optimizer": {"lr": 0.5, "names": ["w"]}, "epoch": 3}
+Pickle trainer(const std::string& key) {
+  Pickle p;
+  p.op("}(").str("model").op("}").str(key).tensor("0", 4, 0, {4}, {1}).op("s");
+  p.str("optimizer").op("}(").str("lr").op(std::string("G?\xe0\0\0\0\0\0\0", 9));
+  p.str("names").op("]").str("w").op("au");
+  return p.str("epoch").small(3).op("u.");
+}
+
+TEST(TorchSavePickle, RenamingAKeyChangesItsStringAndNoOtherByte) {
+  EXPECT_EQ(renamed(trainer("_orig_mod.w"), {{"_orig_mod.w", "w"}}), trainer("w").bytes);
+  EXPECT_EQ(renamed(trainer("w"), {{"w", "a.much.longer.name"}}),
+            trainer("a.much.longer.name").bytes);
+  EXPECT_EQ(renamed(trainer("w"), {{"other", "x"}}), trainer("w").bytes);
+}
+
+TEST(TorchSavePickle, RenamingDropsFramesWhoseLengthsWouldNoLongerHold) {
+  Pickle framed;  // protocol 4 frames: a FRAME opcode and an 8-byte length before the rest
+  framed.bytes = "\x80\x04";
+  framed.op(std::string("\x95\x10\0\0\0\0\0\0\0", 9)).op("}").str("ab");
+  framed.tensor("0", 4, 0, {4}, {1}).op("s.");
+  Pickle plain;
+  plain.bytes = "\x80\x04";
+  plain.op("}").str("b").tensor("0", 4, 0, {4}, {1}).op("s.");
+  EXPECT_EQ(renamed(framed, {{"ab", "b"}}), plain.bytes);
+}
+
+TEST(TorchSavePickle, RefusesToRenameAKeyWhoseStringIsReferredToAgain) {
+  Pickle p;  // {"model": {"w": t}, "names": [<the same "w", through the memo>]}
+  p.op("}(").str("model").op("}").str("w").op(std::string("q\0", 2));
+  p.tensor("0", 4, 0, {4}, {1}).op("s").str("names").op(std::string("]h\0au.", 6));
+  EXPECT_THAT(
+      [&] {
+        renamed(p, {{"w", "x"}});
+      },
+      ThrowsError(ErrorCode::kMalformedInput, "w", HasSubstr("elsewhere too")));
+  EXPECT_NO_THROW(renamed(p, {{"w", "w"}}));
+}
+
 TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
   Pickle p;  // l = []; l.append(l); {"l": l}
   p.op("}").str("l").op(std::string("]q\0h\0", 5)).op("as.");

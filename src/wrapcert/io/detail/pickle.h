@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wrapcert::detail {
@@ -17,6 +18,14 @@ struct PickledStorage {
   std::string key;
   c10::ScalarType dtype;
   int64_t numel = 0;
+};
+
+/// Where a key's string lies in the pickle: the opcode that pushes it, [begin, end).
+struct PickledKey {
+  size_t begin = 0;
+  size_t end = 0;
+  /// The pickle refers to the same string again elsewhere (through its memo).
+  bool reused = false;
 };
 
 struct PickledStateDict {
@@ -31,6 +40,10 @@ struct PickledStateDict {
   std::string entry;
   /// The root's other entries when the state dict is nested ("optimizer", "epoch").
   std::vector<std::string> other_entries;
+  /// For each entry of `state`, in order, where its key is spelled.
+  std::vector<PickledKey> key_spans;
+  /// Where each FRAME opcode (protocol 4 and later) starts.
+  std::vector<size_t> frames;
   /// One past the pickle's STOP opcode.
   size_t end = 0;
 };
@@ -44,5 +57,14 @@ const std::vector<std::string>& usual_state_dict_entries();
 /// tensors. Throws `Error` (kMalformedInput) naming `path`, and the key where there is one.
 PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std::string& path,
                                         const std::string& entry = "");
+
+/// The pickle `data[0, pickled.end)` with the state dict's keys renamed (`renames`: old key ->
+/// new key) and every other byte as it was, so that a trainer's entries beside the state dict
+/// are kept without being executed. Frames are dropped (they are optional; their lengths would
+/// no longer hold). Throws `Error` (kMalformedInput) naming the key when a renamed key's string
+/// is referred to elsewhere in the pickle, where renaming it would change that too.
+std::string rename_pickled_keys(const char* data, const PickledStateDict& pickled,
+                                const std::vector<std::pair<std::string, std::string>>& renames,
+                                const std::string& path);
 
 }  // namespace wrapcert::detail
