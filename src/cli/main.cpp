@@ -261,11 +261,17 @@ int run_check_keys(const CheckKeysCli& o) {
   }
   std::cout << wrapcert::to_text(report);
   if (!outputs.empty()) {
-    const auto full = wrapcert::read_checkpoint(o.file, {/*data=*/true, o.entry});
-    wrapcert::write_checkpoint(destination, wrapcert::rename_keys(full, report.translation));
+    wrapcert::write_fixed_checkpoint(destination, listing, report.translation);
     for (const auto& out : outputs) std::cout << "wrote " << out << "\n";
-    if (!full.other_entries.empty()) {
-      std::cout << "the fixed file holds the state dict alone, not the entries beside it\n";
+    if (!listing.other_entries.empty()) {
+      std::string entries;
+      for (const auto& e : listing.other_entries) entries += " " + e;
+      if (wrapcert::format_for(outputs.back()) == wrapcert::CheckpointFormat::kTorchSave) {
+        std::cout << "kept the entries beside the state dict, unchanged:" << entries << "\n";
+      } else {
+        std::cout << "safetensors holds tensors alone: the entries beside the state dict ("
+                  << entries.substr(1) << ") stay in " << o.file << "\n";
+      }
     }
   }
   switch (report.status) {

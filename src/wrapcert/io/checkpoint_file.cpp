@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -175,6 +176,23 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   return merge(std::move(parts), path);
 }
 
+constexpr const char* kTemporarySuffix = ".wrapcert-new";
+
+/// Where a shard is written before it takes its name (see `write_checkpoint`).
+std::string temporary_shard(const std::string& path) {
+  const auto p = fs::path(path);
+  return (p.parent_path() / ("." + p.filename().string() + kTemporarySuffix)).string();
+}
+
+/// The name a temporary shard stands for, else `name` itself.
+std::string settled_name(const std::string& name) {
+  const size_t n = std::strlen(kTemporarySuffix);
+  if (name.size() > n + 1 && name.front() == '.' && ends_with(name, kTemporarySuffix)) {
+    return name.substr(1, name.size() - n - 1);
+  }
+  return name;
+}
+
 std::string with_format_extension(const std::string& name, CheckpointFormat format) {
   const std::string ext = format == CheckpointFormat::kSafetensors ? ".safetensors" : ".bin";
   for (const char* old : {".safetensors", ".bin", ".pt", ".pth", ".ckpt"}) {
@@ -202,12 +220,106 @@ std::pair<std::string, CheckpointFormat> index_destination(const std::string& de
   return {(fs::path(destination) / name).string(), format};
 }
 
-void write_one(const std::string& path, CheckpointFormat format, const StateDict& state) {
+void write_one(const std::string& path, CheckpointFormat format, const StateDict& state,
+               const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
   if (format == CheckpointFormat::kSafetensors) {
-    save_safetensors(path, state, {{"format", "pt"}});
+    save_safetensors(path, state, metadata);
   } else {
     save_torch_save(path, state);
   }
+}
+
+/// A safetensors file's own metadata, less what `save_safetensors` writes anew.
+std::map<std::string, std::string> kept_metadata(const std::string& path) {
+  auto metadata = read_safetensors_header(path).metadata;
+  metadata.erase("wrapcert.order");
+  metadata.erase("wrapcert.aliases");
+  return metadata;
+}
+
+/// The index for `names` (shard file names): the source index's own entries kept (when there is
+/// one), its `weight_map` and `metadata.total_size` written anew.
+std::string index_text(const std::string& source_index,
+                       const std::vector<std::pair<std::string, size_t>>& placement,
+                       const std::vector<std::string>& names, uint64_t total) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (!source_index.empty()) {
+    const detail::InputFile in(source_index);
+    std::string text(in.size(), '\0');
+    in.read_at(0, text.data(), text.size());
+    out = detail::parse_json_strictly(text, source_index, "the index");
+  }
+  std::map<std::string, std::string> weight_map;  // sorted, as Hugging Face writes indexes
+  for (const auto& [key, shard] : placement) weight_map[key] = names[shard];
+  if (!out.contains("metadata") || !out["metadata"].is_object()) {
+    out["metadata"] = nlohmann::ordered_json::object();
+  }
+  out["metadata"]["total_size"] = total;
+  out["weight_map"] = weight_map;
+  return out.dump(2) + "\n";
+}
+
+/// Writes the shards (`write_shard(s, path)`) and then the index, `files.back()`, so that the
+/// destination loads at every step (see `write_checkpoint`).
+void commit_sharded(const std::vector<std::string>& files,
+                    const std::function<void(size_t, const std::string&)>& write_shard,
+                    const std::function<std::string(const std::vector<std::string>&)>& index,
+                    const CheckpointWriteOptions& options) {
+  const size_t n = files.size() - 1;
+  auto note = [&options](const std::string& path) {
+    if (options.on_file) options.on_file(path);
+  };
+  std::vector<std::string> temps, temp_names, names;
+  bool replacing = false;
+  for (size_t s = 0; s < files.size(); ++s) {
+    struct stat st {};
+    replacing = replacing || ::lstat(files[s].c_str(), &st) == 0;
+    if (s == n) break;
+    temps.push_back(temporary_shard(files[s]));
+    temp_names.push_back(fs::path(temps.back()).filename().string());
+    names.push_back(fs::path(files[s]).filename().string());
+  }
+  auto remove_temporaries = [&temps] {
+    for (const auto& t : temps) ::unlink(t.c_str());
+  };
+  bool index_names_temporaries = false;
+  try {
+    for (size_t s = 0; s < n; ++s) {
+      write_shard(s, temps[s]);
+      note(temps[s]);
+    }
+    if (replacing) {  // the new checkpoint whole, under temporary names: it now loads
+      write_file_atomically(files.back(), index(temp_names));
+      index_names_temporaries = true;
+      note(files.back());
+    }
+  } catch (...) {
+    if (!index_names_temporaries) remove_temporaries();
+    throw;
+  }
+  for (size_t s = 0; s < n; ++s) {
+    link_atomically(temps[s], files[s]);
+    note(files[s]);
+  }
+  write_file_atomically(files.back(), index(names));
+  note(files.back());
+  remove_temporaries();
+}
+
+/// Where each key of `checkpoint` goes (its shard) and the bytes the shards hold, ties once.
+std::pair<std::vector<std::pair<std::string, size_t>>, uint64_t> placement(
+    const Checkpoint& checkpoint, const std::function<std::string(const std::string&)>& rename) {
+  std::vector<std::pair<std::string, size_t>> out;
+  uint64_t total = 0;
+  std::set<detail::SavedIdentity> counted;
+  for (size_t s = 0; s < checkpoint.shards.size(); ++s) {
+    for (const auto& key : checkpoint.shards[s].keys) {
+      const auto& t = checkpoint.state[key];
+      out.emplace_back(rename(key), s);
+      if (counted.insert(detail::saved_identity(t)).second) total += t.nbytes();
+    }
+  }
+  return {out, total};
 }
 
 }  // namespace
@@ -299,8 +411,8 @@ std::vector<std::string> planned_files(const std::string& destination,
   const auto folder = fs::path(index).parent_path();
   std::vector<std::string> out;
   for (const auto& shard : checkpoint.shards) {
-    out.push_back((folder / with_format_extension(fs::path(shard.file).filename().string(), format))
-                      .string());
+    const auto name = settled_name(fs::path(shard.file).filename().string());
+    out.push_back((folder / with_format_extension(name, format)).string());
   }
   out.push_back(index);
   return out;
@@ -340,30 +452,69 @@ void check_destination(const std::string& destination, const std::vector<std::st
   }
 }
 
-void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint) {
+void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint,
+                      const CheckpointWriteOptions& options) {
   const auto files = planned_files(destination, checkpoint);
   if (files.size() == 1) {
     write_one(destination, format_for(destination), checkpoint.state);
+    if (options.on_file) options.on_file(destination);
     return;
   }
-  const auto [index, format] = index_destination(destination, checkpoint);
-  std::map<std::string, std::string> weight_map;  // sorted, as Hugging Face writes indexes
-  uint64_t total = 0;
-  std::set<detail::SavedIdentity> counted;
-  for (size_t s = 0; s < checkpoint.shards.size(); ++s) {
-    StateDict part;
-    const auto name = fs::path(files[s]).filename().string();
-    for (const auto& key : checkpoint.shards[s].keys) {
-      const auto& t = checkpoint.state[key];
-      part.insert(key, t);
-      weight_map[key] = name;
-      if (counted.insert(detail::saved_identity(t)).second) total += t.nbytes();
+  const auto format = index_destination(destination, checkpoint).second;
+  const auto [where, total] = placement(checkpoint, [](const std::string& k) { return k; });
+  commit_sharded(
+      files,
+      [&](size_t s, const std::string& path) {
+        StateDict part;
+        for (const auto& key : checkpoint.shards[s].keys) part.insert(key, checkpoint.state[key]);
+        write_one(path, format, part);
+      },
+      [&](const std::vector<std::string>& names) { return index_text("", where, names, total); },
+      options);
+}
+
+void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
+                            const std::vector<std::pair<std::string, std::string>>& renames,
+                            const CheckpointWriteOptions& options) {
+  const auto files = planned_files(destination, source);
+  const bool one_file = files.size() == 1;
+  const auto format =
+      one_file ? format_for(destination) : index_destination(destination, source).second;
+  const std::unordered_map<std::string, std::string> to(renames.begin(), renames.end());
+  const auto renamed = [&to](const std::string& key) {
+    const auto it = to.find(key);
+    return it == to.end() ? key : it->second;
+  };
+  const bool copy_pickles =
+      format == CheckpointFormat::kTorchSave && source.format != "safetensors";
+  // Writes the source's shards `first..last` (their state dicts merged) to `path`.
+  auto write_part = [&](size_t first, size_t last, const std::string& path) {
+    if (copy_pickles && first == last) {
+      rewrite_torch_save(source.shards[first].file, path, renames, source.entry);
+      return;
     }
-    write_one(files[s], format, part);
+    StateDict state;
+    std::map<std::string, std::string> metadata = {{"format", "pt"}};
+    for (size_t s = first; s <= last; ++s) {
+      const auto& file = source.shards[s].file;
+      const auto part = read_file(file, {/*data=*/true, source.entry});
+      for (const auto& item : part.state) state.insert(renamed(item.key()), item.value());
+      if (source.format == "safetensors" && first == last) metadata = kept_metadata(file);
+    }
+    write_one(path, format, state, metadata);
+  };
+  if (one_file) {
+    write_part(0, source.shards.size() - 1, destination);
+    if (options.on_file) options.on_file(destination);
+    return;
   }
-  const nlohmann::ordered_json out = {{"metadata", {{"total_size", total}}},
-                                      {"weight_map", weight_map}};
-  write_file_atomically(index, out.dump(2) + "\n");
+  const auto [where, total] = placement(source, renamed);
+  commit_sharded(
+      files, [&](size_t s, const std::string& path) { write_part(s, s, path); },
+      [&](const std::vector<std::string>& names) {
+        return index_text(source.index, where, names, total);
+      },
+      options);
 }
 
 Checkpoint rename_keys(const Checkpoint& checkpoint,

@@ -10,6 +10,7 @@
 
 #include <wrapcert/view.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,11 +74,35 @@ std::vector<std::string> planned_files(const std::string& destination,
 void check_destination(const std::string& destination, const std::vector<std::string>& inputs,
                        bool in_place);
 
+struct CheckpointWriteOptions {
+  /// Called with each path once it is written or moved into place, in order (progress; a test
+  /// stops a run at each step and checks that the checkpoint still loads).
+  std::function<void(const std::string& path)> on_file;
+};
+
 /// Writes `checkpoint.state` to `destination` in the format its name asks for; a sharded
 /// checkpoint written to an index or a folder keeps its shards (each key in the shard it came
 /// from) and gets an index with a `weight_map`. Ties are kept: one stored tensor in
-/// safetensors, one storage in `torch.save`. Each file is written atomically.
-void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint);
+/// safetensors, one storage in `torch.save`.
+///
+/// Nothing is half-replaced: a single file is written atomically; a sharded checkpoint is first
+/// written whole under temporary names (`.NAME.wrapcert-new` beside each shard), an index naming
+/// those is put in place, each shard then gets its own name by an atomic link, and an index
+/// naming those is put in place last. A run stopped at any point (killed, or out of space)
+/// leaves a checkpoint that loads: the old one before the first index, the new one after (its
+/// index naming the temporary shards until the last step).
+void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint,
+                      const CheckpointWriteOptions& options = {});
+
+/// Writes the checkpoint `source` (as `read_checkpoint` listed it; data need not be read) to
+/// `destination` with its keys renamed (`renames`: found -> expected), shard by shard and
+/// atomically as `write_checkpoint` does, reading each source file when its turn comes. A
+/// `torch.save` file written as `torch.save` is copied with only its key strings rewritten
+/// (`rewrite_torch_save`), so the entries beside a nested state dict are kept; a safetensors
+/// file keeps its `__metadata__`. The index keeps its own entries besides the `weight_map`.
+void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
+                            const std::vector<std::pair<std::string, std::string>>& renames,
+                            const CheckpointWriteOptions& options = {});
 
 /// `checkpoint` with keys renamed (found -> expected); tensors, order, ties and shards kept.
 Checkpoint rename_keys(const Checkpoint& checkpoint,

@@ -8,16 +8,22 @@
 #include <wrapcert/test_support/paths.h>
 #include <wrapcert/test_support/temp_dir.h>
 
+#include <caffe2/serialize/inline_container.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 
 namespace wrapcert {
@@ -335,6 +341,191 @@ TEST(CheckpointFile, AShardedCheckpointIsWrittenAsShardsWithAnIndex) {
   EXPECT_EQ(written["weight_map"]["head"], "pytorch_model-00001-of-00002.safetensors");
   EXPECT_EQ(written["metadata"]["total_size"], 172);
 }
+
+/// The keys of a checkpoint whose wrapper prefix "module." is dropped.
+std::vector<std::pair<std::string, std::string>> without_module(const Checkpoint& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& item : c.state) {
+    if (item.key().rfind("module.", 0) == 0) out.emplace_back(item.key(), item.key().substr(7));
+  }
+  return out;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Every file in `folder`, by name, with its bytes.
+std::map<std::string, std::string> folder_bytes(const std::string& folder) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    out[e.path().filename().string()] = file_bytes(e.path().string());
+  }
+  return out;
+}
+
+/// `folder` holds a checkpoint that reads whole with the keys and values of `want`, renamed or
+/// not; nothing of a half-written one.
+void expect_loads_as(const std::string& folder, const Checkpoint& want, bool renamed) {
+  const auto back = read_checkpoint(folder);
+  std::vector<std::string> keys_wanted;
+  for (const auto& item : want.state) {
+    keys_wanted.push_back(renamed && item.key().rfind("module.", 0) == 0 ? item.key().substr(7)
+                                                                         : item.key());
+  }
+  ASSERT_EQ(keys(back.state), keys_wanted);
+  size_t i = 0;
+  for (const auto& item : want.state) {
+    EXPECT_TRUE(back.state[keys_wanted[i++]].equal(item.value())) << item.key();
+  }
+}
+
+TEST(RewriteTorchSave, KeepsEveryOtherByteOfALegacyTrainerCheckpoint) {
+  test_support::TempDir dir;
+  const auto source = golden("legacy_trainer.pt");
+  const auto listing = read_checkpoint(source, {false, ""});
+  const auto renames = without_module(listing);
+  rewrite_torch_save(source, dir / "fixed.pt", renames, listing.entry);
+  const auto fixed = read_checkpoint(dir / "fixed.pt");
+  EXPECT_EQ(fixed.entry, "model");
+  EXPECT_EQ(fixed.other_entries, listing.other_entries);
+  EXPECT_EQ(keys(fixed.state).front(), "steps");
+  // Renamed back, the file is the original to the byte: only the key strings were touched.
+  std::vector<std::pair<std::string, std::string>> back;
+  for (const auto& [from, to] : renames) back.emplace_back(to, from);
+  rewrite_torch_save(dir / "fixed.pt", dir / "back.pt", back, "model");
+  EXPECT_EQ(file_bytes(dir / "back.pt"), file_bytes(source));
+}
+
+TEST(RewriteTorchSave, KeepsTheOptimizerAndEveryRecordOfAZipTrainerCheckpoint) {
+  test_support::TempDir dir;
+  const auto source = golden("trainer.pt");
+  const auto listing = read_checkpoint(source, {false, ""});
+  rewrite_torch_save(source, dir / "fixed.pt", without_module(listing), listing.entry);
+  const auto original = read_checkpoint(source);
+  expect_loads_as(dir / "fixed.pt", original, /*renamed=*/true);
+  EXPECT_EQ(read_checkpoint(dir / "fixed.pt", {false, ""}).other_entries,
+            std::vector<std::string>({"optimizer", "epoch", "best_loss"}));
+  // Renamed back through the archive writer, every record holds what it held.
+  std::vector<std::pair<std::string, std::string>> back;
+  for (const auto& [from, to] : without_module(listing)) back.emplace_back(to, from);
+  rewrite_torch_save(dir / "fixed.pt", dir / "back.pt", back, "model");
+  caffe2::serialize::PyTorchStreamReader a(source), b(dir / "back.pt");
+  auto records = a.getAllRecords();
+  std::sort(records.begin(), records.end());
+  auto records_back = b.getAllRecords();
+  std::sort(records_back.begin(), records_back.end());
+  EXPECT_EQ(records_back, records);
+  for (const auto& name : records) {
+    auto [x, nx] = a.getRecord(name);
+    auto [y, ny] = b.getRecord(name);
+    ASSERT_EQ(nx, ny) << name;
+    EXPECT_EQ(std::memcmp(x.get(), y.get(), nx), 0) << name;
+  }
+}
+
+/// A copy of the golden sharded checkpoint (PyTorch 1.13, keys under "module.") to fix in place.
+class ShardedInPlace : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { copy_golden(); }
+  /// The folder as PyTorch wrote it again, listed and read.
+  void copy_golden() {
+    for (const auto& e : fs::directory_iterator(dir_.path())) fs::remove(e.path());
+    for (const auto& e : fs::directory_iterator(golden(GetParam()))) {
+      fs::copy_file(e.path(), dir_.path() / e.path().filename());
+    }
+    listing_ = read_checkpoint(folder(), {false, ""});
+    original_ = read_checkpoint(folder());
+    renames_ = without_module(listing_);
+    ASSERT_FALSE(renames_.empty());
+  }
+  std::string folder() const { return dir_.path().string(); }
+  std::string index() const { return listing_.index; }
+  /// Fixes the copy in place, calling `step` with each path as it lands.
+  void fix(const std::function<void(const std::string&)>& step = {}) const {
+    write_fixed_checkpoint(index(), listing_, renames_, {step});
+  }
+
+  test_support::TempDir dir_;
+  Checkpoint listing_, original_;
+  std::vector<std::pair<std::string, std::string>> renames_;
+};
+
+TEST_P(ShardedInPlace, FixesEveryShardAndTheIndexAndLeavesNothingBehind) {
+  std::vector<std::string> steps;
+  fix([&steps](const std::string& path) { steps.push_back(fs::path(path).filename().string()); });
+  expect_loads_as(folder(), original_, /*renamed=*/true);
+  const auto names = folder_bytes(folder());
+  std::vector<std::string> files;
+  for (const auto& [name, bytes] : names) files.push_back(name);
+  std::vector<std::string> before;
+  for (const auto& e : fs::directory_iterator(golden(GetParam()))) {
+    before.push_back(e.path().filename().string());
+  }
+  std::sort(before.begin(), before.end());
+  EXPECT_EQ(files, before);  // no temporary file left
+  // Two shards under temporary names, the index naming them, each shard linked, the index.
+  ASSERT_EQ(steps.size(), 6u);
+  EXPECT_THAT(steps[0], ::testing::EndsWith(".wrapcert-new"));
+  EXPECT_EQ(steps[2], fs::path(index()).filename().string());
+  EXPECT_EQ(steps[5], steps[2]);
+}
+
+TEST_P(ShardedInPlace, AFailureAtAnyStepLeavesACheckpointThatLoads) {
+  for (size_t k = 0; k < 6; ++k) {
+    SCOPED_TRACE("failing at step " + std::to_string(k));
+    copy_golden();
+    size_t step = 0;
+    EXPECT_THROW(fix([&](const std::string&) {
+                   if (step++ == k) throw Error(ErrorCode::kInvalidArgument, "", "disk full");
+                 }),
+                 Error);
+    // Before the first index the old checkpoint, and no temporary shard; from it on the new one.
+    expect_loads_as(folder(), original_, /*renamed=*/k >= 2);
+    if (k < 2) {
+      EXPECT_EQ(folder_bytes(folder()).size(), 3u) << "temporary shards left behind";
+    }
+  }
+}
+
+TEST_P(ShardedInPlace, AKillAtAnyStepLeavesACheckpointThatLoads) {
+  for (size_t k = 0; k < 6; ++k) {
+    SCOPED_TRACE("killed at step " + std::to_string(k));
+    copy_golden();
+    EXPECT_EXIT(
+        {
+          size_t step = 0;
+          fix([&](const std::string&) {
+            if (step++ == k) ::raise(SIGKILL);
+          });
+        },
+        ::testing::KilledBySignal(SIGKILL), "");
+    expect_loads_as(folder(), original_, /*renamed=*/k >= 2);
+  }
+}
+
+TEST_P(ShardedInPlace, AFileSizeLimitHitOnTheWayLeavesTheOldCheckpoint) {
+  const auto before = folder_bytes(folder());
+  const auto fix_within_512_bytes = [this] {
+    ::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead of killing the run
+    rlimit limit{};
+    limit.rlim_cur = limit.rlim_max = 512;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      fix();
+    } catch (const Error& e) {
+      std::cerr << e.what();
+      std::_Exit(3);
+    }
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(fix_within_512_bytes(), ::testing::ExitedWithCode(3), "cannot write");
+  EXPECT_EQ(folder_bytes(folder()), before);  // every file as it was, no temporary left
+}
+
+INSTANTIATE_TEST_SUITE_P(PyTorch113, ShardedInPlace,
+                         ::testing::Values("sharded_bin", "sharded_safetensors"));
 
 TEST(CheckpointFile, RenamingKeepsTensorsAndRefusesACollision) {
   const auto c = read_checkpoint(golden("tied.pt"));

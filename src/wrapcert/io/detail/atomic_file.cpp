@@ -128,6 +128,26 @@ void write_file_atomically(const std::string& path,
   }
 }
 
+void link_atomically(const std::string& source, const std::string& destination) {
+  const Folder folder(destination);
+  refuse_special(folder, destination);
+  const auto named = temporary_name(destination);
+  if (::linkat(AT_FDCWD, source.c_str(), folder.fd(), named.c_str(), 0) != 0) {
+    fail(destination, "cannot link '" + source + "' beside it", errno);
+  }
+  const auto target = fs::path(destination).filename().string();
+  try {
+    refuse_special(folder, destination);
+    if (::renameat(folder.fd(), named.c_str(), folder.fd(), target.c_str()) != 0) {
+      fail(destination, "cannot move the new file into place", errno);
+    }
+  } catch (...) {
+    ::unlinkat(folder.fd(), named.c_str(), 0);
+    throw;
+  }
+  ::fsync(folder.fd());
+}
+
 void write_file_atomically(const std::string& path, std::string_view contents) {
   write_file_atomically(path, [contents](std::ostream& out) {
     out.write(contents.data(), static_cast<std::streamsize>(contents.size()));

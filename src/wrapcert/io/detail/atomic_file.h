@@ -26,4 +26,9 @@ void write_file_atomically(const std::string& path,
 
 void write_file_atomically(const std::string& path, std::string_view contents);
 
+/// Gives the regular file `source` a second name, `destination` (in the same file system),
+/// replacing what is there in one step: a reader sees the old file or the new one, never none.
+/// `source` keeps its name. Only a regular file or a new path is replaced.
+void link_atomically(const std::string& source, const std::string& destination);
+
 }  // namespace wrapcert

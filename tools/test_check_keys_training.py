@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""`wrapcert check-keys --fix/--in-place` on training output as PyTorch 1.13 writes it, checked
+with PyTorch's own torch.load: nothing the trainer saved is lost, and every file wrapcert writes
+loads with weights_only=True (the default of torch.load since PyTorch 2.6).
+
+    /usr/bin/python3 tools/test_check_keys_training.py path/to/wrapcert
+
+Each case writes its checkpoint into a fresh folder, runs the tool and compares what torch.load
+reads with what was saved. Exit 0 when every case passes; the last line counts them."""
+import collections
+import io
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+import zipfile
+
+import torch
+import torch.nn as nn
+
+TOOL = sys.argv[1]
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(6, 4)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        self.head = nn.Linear(4, 6, bias=False)
+        self.register_buffer("steps", torch.tensor([3]))
+
+
+def trained():
+    """A model, its Adam state after one real step, and a GradScaler's state."""
+    torch.manual_seed(0)
+    model = Tiny()
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.head(model.block(model.embed(torch.tensor([[0, 1, 2]])))).square().mean().backward()
+    adam.step()
+    return model, adam
+
+
+def prefixed(state, prefix):
+    return collections.OrderedDict((prefix + k, v) for k, v in state.items())
+
+
+def run(*args, want):
+    done = subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == want, f"wrapcert {' '.join(args)} exited {done.returncode}:\n{out}"
+    return out
+
+
+def same(a, b, where=""):
+    """Deep equality of what torch.load gives: tensors by dtype, shape and values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a.keys()) == list(b.keys()), (where, a.keys(), b.keys())
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+class StateDictOnly(pickle.Unpickler):
+    """Unpickles what Python's torch.save writes for a state dict and nothing else: the classes
+    current PyTorch's weights_only loader accepts for it (LibTorch's own pickler adds
+    torch.jit._pickle.restore_type_tag, which PyTorch 2.6 refuses)."""
+
+    ALLOWED = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2")}
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return collections.OrderedDict if name == "OrderedDict" else self.rebuild
+        if module == "torch" and name.endswith("Storage"):
+            return name
+        raise pickle.UnpicklingError(f"{module}.{name} is not what torch.save writes")
+
+    @staticmethod
+    def rebuild(storage, offset, size, stride, requires_grad, hooks):
+        return ("tensor", storage, offset, tuple(size), tuple(stride))
+
+    def persistent_load(self, pid):
+        assert pid[0] == "storage" and pid[3] == "cpu", pid
+        return pid[2]
+
+
+def load_weights_only(path):
+    """torch.load(path, weights_only=True), and the pickle holds what torch.save writes alone."""
+    with zipfile.ZipFile(path) as z:
+        pkl = [n for n in z.namelist() if n.endswith("/data.pkl")]
+        assert len(pkl) == 1, z.namelist()
+        StateDictOnly(io.BytesIO(z.read(pkl[0]))).load()
+    return torch.load(path, weights_only=True)
+
+
+def write_safetensors(path, state, metadata):
+    """A safetensors file as the safetensors library lays it out (its JSON header, the data)."""
+    names = {torch.float32: "F32", torch.int64: "I64"}
+    header, blobs, offset = {"__metadata__": metadata}, [], 0
+    for k, t in state.items():
+        data = t.contiguous().numpy().tobytes()
+        header[k] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                     "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_safetensors_metadata(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+def trainer_checkpoint(legacy):
+    model, adam = trained()
+    return {
+        "model": prefixed(model.state_dict(), "_orig_mod.module."),
+        "optimizer": adam.state_dict(),
+        "scaler": {"scale": 65536.0, "growth_factor": 2.0, "_growth_tracker": 12},
+        "epoch": 3,
+        "rng_state": torch.get_rng_state(),
+        "note": b"bytes \x00 kept",
+    }, model
+
+
+def case_in_place_keeps_every_trainer_entry(d, legacy):
+    saved, model = trainer_checkpoint(legacy)
+    path = os.path.join(d, "last.ckpt")
+    torch.save(saved, path, _use_new_zipfile_serialization=not legacy)
+    torch.save(model.state_dict(), os.path.join(d, "clean.pt"))
+    out = run("check-keys", path, "--against", os.path.join(d, "clean.pt"), "--in-place", want=1)
+    assert "kept the entries beside the state dict, unchanged: optimizer scaler epoch" in out, out
+    back = torch.load(path)
+    assert list(back.keys()) == list(saved.keys()), back.keys()
+    same(back["model"], model.state_dict(), "model")
+    for entry in ("optimizer", "scaler", "epoch", "rng_state", "note"):
+        same(back[entry], saved[entry], entry)
+    run("check-keys", path, "--against", os.path.join(d, "clean.pt"), want=0)
+
+
+def case_in_place_zip(d):
+    case_in_place_keeps_every_trainer_entry(d, legacy=False)
+
+
+def case_in_place_legacy(d):
+    case_in_place_keeps_every_trainer_entry(d, legacy=True)
+
+
+def case_fix_of_a_python_file_loads_with_weights_only(d):
+    model, _ = trained()
+    src = os.path.join(d, "ddp.pt")
+    torch.save(prefixed(model.state_dict(), "module."), src)
+    torch.save(model.state_dict(), os.path.join(d, "clean.pt"))
+    run("check-keys", src, "--against", os.path.join(d, "clean.pt"), "--fix",
+        os.path.join(d, "fixed.bin"), want=1)
+    same(load_weights_only(os.path.join(d, "fixed.bin")), model.state_dict())
+
+
+def case_safetensors_to_torch_save_loads_with_weights_only(d):
+    model, _ = trained()
+    state = model.state_dict()
+    src = os.path.join(d, "model.safetensors")
+    write_safetensors(src, prefixed(state, "_fsdp_wrapped_module."), {"format": "pt"})
+    torch.save(state, os.path.join(d, "clean.pt"))
+    fixed = os.path.join(d, "fixed.pt")
+    run("check-keys", src, "--against", os.path.join(d, "clean.pt"), "--fix", fixed, want=1)
+    back = load_weights_only(fixed)
+    assert type(back) is collections.OrderedDict, type(back)
+    same(dict(back), dict(state))
+
+
+def case_a_tie_through_safetensors_and_back_to_torch_save(d):
+    model, _ = trained()
+    model.head.weight = model.embed.weight  # tied, as a language model's head
+    clean = model.state_dict()
+    src = os.path.join(d, "src.pt")
+    torch.save(prefixed(clean, "_orig_mod.module."), src)
+    listing = os.path.join(d, "keys.txt")
+    with open(listing, "w") as f:
+        f.write("\n".join("module." + k for k in clean) + "\n")
+    mid = os.path.join(d, "mid.safetensors")
+    run("check-keys", src, "--keys", listing, "--fix", mid, want=1)
+    torch.save(clean, os.path.join(d, "clean.pt"))
+    out = os.path.join(d, "out.pt")
+    run("check-keys", mid, "--against", os.path.join(d, "clean.pt"), "--fix", out, want=1)
+    back = load_weights_only(out)
+    same(dict(back), dict(clean))
+    assert back["head.weight"].data_ptr() == back["embed.weight"].data_ptr(), "the tie is lost"
+
+
+def case_safetensors_metadata_is_kept(d):
+    model, _ = trained()
+    state = model.state_dict()
+    src = os.path.join(d, "model.safetensors")
+    meta = {"format": "pt", "step": "1200", "base_model": "tiny/base", "note": "kept"}
+    write_safetensors(src, prefixed(state, "_orig_module."), meta)
+    listing = os.path.join(d, "keys.txt")
+    with open(listing, "w") as f:
+        f.write("\n".join(state.keys()) + "\n")
+    run("check-keys", src, "--keys", listing, "--in-place", want=1)
+    got = read_safetensors_metadata(src)
+    for k, v in meta.items():
+        assert got.get(k) == v, (k, got)
+    run("check-keys", src, "--keys", listing, want=0)
+
+
+def case_sharded_in_place_keeps_the_index_metadata(d):
+    model, _ = trained()
+    state = prefixed(model.state_dict(), "module.")
+    keys = list(state.keys())
+    shards = {"pytorch_model-00001-of-00002.bin": keys[:3], "pytorch_model-00002-of-00002.bin": keys[3:]}
+    weight_map = {}
+    for name, part in shards.items():
+        torch.save(collections.OrderedDict((k, state[k]) for k in part), os.path.join(d, name))
+        weight_map.update({k: name for k in part})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = os.path.join(d, "pytorch_model.bin.index.json")
+    with open(index, "w") as f:
+        json.dump({"metadata": {"total_size": total, "created_by": "trainer"},
+                   "weight_map": weight_map}, f)
+    torch.save(model.state_dict(), os.path.join(d, "clean.pt"))
+    run("check-keys", d, "--against", os.path.join(d, "clean.pt"), "--in-place", want=1)
+    with open(index) as f:
+        written = json.load(f)
+    assert written["metadata"] == {"total_size": total, "created_by": "trainer"}, written
+    assert set(written["weight_map"]) == set(model.state_dict()), written
+    got = {}
+    for name in sorted(set(written["weight_map"].values())):
+        got.update(load_weights_only(os.path.join(d, name)))
+    same(dict(sorted(got.items())), dict(sorted(model.state_dict().items())))
+    leftovers = [n for n in os.listdir(d) if n.startswith(".")]
+    assert not leftovers, leftovers
+
+
+CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")
+         and name != "case_in_place_keeps_every_trainer_entry"]
+
+
+def main():
+    passed = failed = 0
+    for name, fn in CASES:
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                fn(d)
+                passed += 1
+                print(f"ok    {name}")
+            except Exception:  # noqa: BLE001 - every failure is reported, the run goes on
+                failed += 1
+                print(f"FAIL  {name}\n{traceback.format_exc()}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
