@@ -7,6 +7,7 @@ loads with weights_only=True (the default of torch.load since PyTorch 2.6).
 
 Each case writes its checkpoint into a fresh folder, runs the tool and compares what torch.load
 reads with what was saved. Exit 0 when every case passes; the last line counts them."""
+import argparse
 import collections
 import io
 import json
@@ -245,6 +246,167 @@ def case_sharded_in_place_keeps_the_index_metadata(d):
     same(dict(sorted(got.items())), dict(sorted(model.state_dict().items())))
     leftovers = [n for n in os.listdir(d) if n.startswith(".")]
     assert not leftovers, leftovers
+
+
+def save_clean(d, model):
+    path = os.path.join(d, "clean.pt")
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def case_trainer_folder_is_checked_among_its_training_state(d):
+    model, adam = trained()
+    ckpt = os.path.join(d, "checkpoint-500")
+    os.mkdir(ckpt)
+    write_safetensors(os.path.join(ckpt, "model.safetensors"), model.state_dict(), {"format": "pt"})
+    torch.save(adam.state_dict(), os.path.join(ckpt, "optimizer.pt"))
+    torch.save({"last_epoch": 1, "_step_count": 2}, os.path.join(ckpt, "scheduler.pt"))
+    torch.save({"cpu": torch.get_rng_state()}, os.path.join(ckpt, "rng_state.pth"))
+    torch.save(argparse.Namespace(output_dir="out", learning_rate=1e-3),
+               os.path.join(ckpt, "training_args.bin"))
+    with open(os.path.join(ckpt, "trainer_state.json"), "w") as f:
+        json.dump({"global_step": 500}, f)
+    out = run("check-keys", ckpt, "--against", save_clean(d, model), want=0)
+    assert ("files beside the weights, not checked: optimizer.pt rng_state.pth scheduler.pt "
+            "training_args.bin") in out, out
+
+
+def deepspeed_states(state, zero3):
+    module = collections.OrderedDict(
+        (k, torch.empty(0, dtype=v.dtype) if zero3 and v.is_floating_point() else v)
+        for k, v in state.items())
+    return {"module": module, "buffer_names": ["steps"], "optimizer": None,
+            "param_shapes": [collections.OrderedDict((k, v.shape) for k, v in state.items())],
+            "lr_scheduler": None, "global_steps": 10, "dp_world_size": 2, "mp_world_size": 1,
+            "ds_version": "0.9.5"}
+
+
+def case_deepspeed_root_is_followed_through_latest(d):
+    model, adam = trained()
+    step = os.path.join(d, "global_step10")
+    os.mkdir(step)
+    torch.save(deepspeed_states(model.state_dict(), zero3=False),
+               os.path.join(step, "mp_rank_00_model_states.pt"))
+    for rank in (0, 1):
+        torch.save({"optimizer_state_dict": adam.state_dict()},
+                   os.path.join(step, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
+    with open(os.path.join(d, "latest"), "w") as f:
+        f.write("global_step10")
+    with open(os.path.join(d, "zero_to_fp32.py"), "w") as f:
+        f.write("# DeepSpeed's script\n")
+    out = run("check-keys", d, "--against", save_clean(d, model), want=0)
+    assert "followed DeepSpeed's 'latest' to global_step10" in out, out
+    assert "zero_pp_rank_0_mp_rank_00_optim_states.pt" in out, out
+
+
+def case_zero3_placeholders_are_named_with_the_way_out(d):
+    model, _ = trained()
+    path = os.path.join(d, "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    torch.save(deepspeed_states(model.state_dict(), zero3=True), path)
+    out = run("check-keys", path, want=2)
+    assert "ZeRO-3 placeholder" in out and "zero_to_fp32.py" in out, out
+    assert "embed.weight" in out, out
+    out = run("check-keys", path, "--against", save_clean(d, model), want=2)
+    assert "ZeRO-3 placeholder" in out, out
+
+
+def case_fsdp_flat_parameters_are_named(d):
+    flat = torch.zeros(40)
+    for name, keys in {"local.pt": ["_fsdp_wrapped_module.flat_param"],
+                       "params.pt": ["_fsdp_wrapped_module._fpw_module.flat_param",
+                                     "_fsdp_wrapped_module._fpw_module.head._fsdp_wrapped_module"
+                                     "._flat_param"]}.items():
+        path = os.path.join(d, name)
+        torch.save(collections.OrderedDict((k, flat) for k in keys), path)
+        out = run("check-keys", path, want=2)
+        assert "a flat parameter" in out and "FULL_STATE_DICT" in out, out
+    assert "component 1: _fpw_module" in out, out
+
+
+def case_hub_folder_prefers_safetensors(d):
+    model, _ = trained()
+    write_safetensors(os.path.join(d, "model.safetensors"), model.state_dict(), {"format": "pt"})
+    torch.save(prefixed(model.state_dict(), "stale."), os.path.join(d, "pytorch_model.bin"))
+    clean = save_clean(os.path.join(d, ".."), model)
+    out = run("check-keys", d, "--against", clean, want=0)
+    assert "safetensors weights preferred" in out and "pytorch_model.bin" in out, out
+
+
+def case_a_tied_head_left_out_is_tied_not_missing(d):
+    model, _ = trained()
+    model.head.weight = model.embed.weight
+    tying = save_clean(d, model)
+    saved = collections.OrderedDict(
+        (k, v) for k, v in prefixed(model.state_dict(), "module.").items()
+        if k != "module.head.weight")
+    path = os.path.join(d, "without_head.pt")
+    torch.save(saved, path)
+    out = run("check-keys", path, "--against", tying, "--fix", os.path.join(d, "fixed.pt"), want=1)
+    assert "tied keys left out" in out and "head.weight = embed.weight" in out, out
+    assert "missing" not in out, out
+    out = run("check-keys", os.path.join(d, "fixed.pt"), "--against", tying, want=0)
+
+
+def case_complex_buffers_and_extra_state_pass_through(d):
+    model, _ = trained()
+    state = model.state_dict()
+    state["rotary"] = torch.polar(torch.ones(3), torch.arange(3.0))  # complex64
+    state["block._extra_state"] = 5
+    state["head._extra_state"] = b"\x00fp8 meta"
+    path = os.path.join(d, "te.pt")
+    torch.save(prefixed(state, "module."), path)
+    run("check-keys", path, want=1)
+    clean = os.path.join(d, "clean.pt")
+    torch.save(state, clean)
+    run("check-keys", clean, "--against", clean, want=0)
+    run("check-keys", path, "--against", clean, "--in-place", want=1)
+    back = torch.load(path)
+    same(dict(back), dict(state))
+    out = run("check-keys", path, "--against", clean, "--fix", os.path.join(d, "x.safetensors"),
+              want=3)
+    assert "safetensors" in out and "write torch.save" in out, out
+
+
+def case_distributed_checkpoint_is_refused_by_name(d):
+    dcp = os.path.join(d, "dcp")
+    os.mkdir(dcp)
+    with open(os.path.join(dcp, ".metadata"), "wb") as f:
+        pickle.dump({"state_dict_metadata": {}}, f)
+    torch.save(torch.zeros(4), os.path.join(dcp, "__0_0.distcp"))
+    out = run("check-keys", dcp, want=3)
+    assert "torch.distributed.checkpoint" in out and "dcp_to_torch_save" in out, out
+    out = run("check-keys", os.path.join(dcp, "__0_0.distcp"), want=3)
+    assert "name the folder" in out, out
+
+
+def case_compile_over_ddp_is_flagged_as_a_whole(d):
+    model, _ = trained()
+    path = os.path.join(d, "compiled.pt")
+    torch.save(prefixed(model.state_dict(), "_orig_mod.module."), path)
+    out = run("check-keys", path, want=1)
+    assert "_orig_mod.module.embed.weight  (component 1: module)" in out, out
+
+
+def case_distinct_answers(d):
+    model, _ = trained()
+    clean = save_clean(d, model)
+    empty = os.path.join(d, "empty.txt")
+    open(empty, "w").close()
+    out = run("check-keys", clean, "--keys", empty, want=66)
+    assert "holds no key" in out, out
+    run("check-keys", clean, "--keys", os.path.join(d, "none.txt"), want=66)
+    run("check-keys", os.path.join(d, "none.pt"), want=66)
+    with open(os.path.join(d, "damaged.pt"), "wb") as f:
+        f.write(open(clean, "rb").read()[:300])
+    run("check-keys", os.path.join(d, "damaged.pt"), want=2)
+    out = run("check-keys", clean, "--against", clean, "--fix", os.path.join(d, "c.safetensors"),
+              want=0)
+    assert "nothing to fix" in out and "wrote" in out, out
+    copy = os.path.join(d, "copy.pt")
+    with open(copy, "wb") as f:
+        f.write(open(clean, "rb").read())
+    out = run("check-keys", copy, "--against", clean, "--in-place", want=0)
+    assert "nothing to do" in out, out
 
 
 CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")

@@ -27,8 +27,36 @@ namespace {
 
 /// Exit codes (also in `--help` and the README).
 constexpr int kExitFound = 1;   // fixable checkpoint, wrapper components found, failed check
-constexpr int kExitBroken = 2;  // broken checkpoint; damaged or refused input
-constexpr int kExitUsage = 64;  // the command line itself is wrong (sysexits' EX_USAGE)
+constexpr int kExitBroken = 2;  // broken checkpoint (keys that do not load), or a damaged file
+constexpr int kExitUnsupported = 3;  // a valid file that wrapcert does not read
+constexpr int kExitUsage = 64;       // the command line itself is wrong (sysexits' EX_USAGE)
+constexpr int kExitNoInput = 66;     // an input cannot be read (sysexits' EX_NOINPUT)
+constexpr int kExitCannotWrite = 73;  // an output cannot be written (sysexits' EX_CANTCREAT)
+
+/// An `Error` while reading inputs or writing outputs, as the exit code it means.
+int exit_code_for(const wrapcert::Error& e, int invalid_argument) {
+  switch (e.code()) {
+    case wrapcert::ErrorCode::kUnsupported:
+      return kExitUnsupported;
+    case wrapcert::ErrorCode::kInvalidArgument:
+      return invalid_argument;
+    default:
+      return kExitBroken;
+  }
+}
+
+/// Runs `step`; an `Error` from it is printed and becomes its exit code (`invalid_argument` for
+/// a path refused or unreadable), else -1.
+template <typename Step>
+int guarded(int invalid_argument, const Step& step) {
+  try {
+    step();
+  } catch (const wrapcert::Error& e) {
+    std::cerr << e.what() << "\n";
+    return exit_code_for(e, invalid_argument);
+  }
+  return -1;
+}
 
 /// Memory the kernel says a new allocation can have, in bytes (0 when unknown).
 uint64_t available_memory() {
@@ -197,10 +225,13 @@ struct CheckKeysCli {
 };
 
 void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c) {
+  for (const auto& note : c.notes) std::cout << note << "\n";
   std::cout << "checkpoint: " << path << " (" << c.format;
   if (!c.entry.empty()) std::cout << ", state dict in entry '" << c.entry << "'";
   if (c.sharded()) {
     std::cout << ", " << c.shards.size() << " shards" << (c.index.empty() ? "" : " by its index");
+  } else if (c.shards.size() == 1 && c.shards[0].file != path) {
+    std::cout << ", " << c.shards[0].file;
   }
   std::cout << ", " << c.state.size() << " keys)\n";
   if (!c.other_entries.empty()) {
@@ -208,9 +239,28 @@ void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c)
     for (const auto& e : c.other_entries) std::cout << " " << e;
     std::cout << "\n";
   }
+  if (!c.not_read.empty()) {
+    std::cout << "files beside the weights, not checked:";
+    for (const auto& f : c.not_read) std::cout << " " << f;
+    std::cout << "\n";
+  }
 }
 
-/// 0 clean, 1 fixable (with --fix: fixed) or wrapper components found, 2 broken.
+/// Where --in-place writes: the checked file, or for a folder its index or its one weights file.
+std::string in_place_destination(const std::string& file, const wrapcert::Checkpoint& c) {
+  if (!std::filesystem::is_directory(file)) return file;
+  if (!c.index.empty()) return c.index;
+  if (c.shards.size() == 1) return c.shards[0].file;
+  return file;
+}
+
+bool names_a_folder(const std::string& path) {
+  return !path.empty() && (path.back() == '/' || std::filesystem::is_directory(path));
+}
+
+/// 0 clean (with --fix: copied or converted), 1 fixable (with --fix: fixed) or wrapper
+/// components found, 2 broken or damaged, 3 not readable by wrapcert, 66 an input that cannot
+/// be read, 73 an output that cannot be written.
 int run_check_keys(const CheckKeysCli& o) {
   const bool scan = o.fixture.empty() && o.against.empty() && o.listing.empty();
   const bool fixing = o.fix_given || o.in_place;
@@ -223,15 +273,22 @@ int run_check_keys(const CheckKeysCli& o) {
   if (o.in_place && o.fix_given && o.fix != o.file) {
     throw CLI::ValidationError("--in-place", "writes over the checked file; drop --fix or name it");
   }
-  const std::string destination = o.in_place ? o.file : o.fix;
   // The destination is checked before anything is read.
-  if (fixing && !(!destination.empty() &&
-                  (destination.back() == '/' || std::filesystem::is_directory(destination)))) {
-    wrapcert::check_destination(destination, {o.file}, o.in_place);
+  if (o.fix_given && !names_a_folder(o.fix)) {
+    if (const int code = guarded(kExitCannotWrite,
+                                 [&] { wrapcert::check_destination(o.fix, {o.file}, false); });
+        code >= 0) {
+      return code;
+    }
   }
-  const auto listing = wrapcert::read_checkpoint(o.file, {/*data=*/false, o.entry});
+  wrapcert::Checkpoint listing;
+  if (const int code = guarded(kExitNoInput,
+                               [&] { listing = wrapcert::read_checkpoint(o.file, {false, o.entry}); });
+      code >= 0) {
+    return code;
+  }
   describe_checkpoint(o.file, listing);
-  const auto found = wrapcert::key_infos(listing.state);
+  const auto found = wrapcert::key_infos(listing);
 
   wrapcert::KeyReport report;
   if (scan) {
@@ -239,51 +296,61 @@ int run_check_keys(const CheckKeysCli& o) {
   } else {
     std::vector<wrapcert::KeyInfo> expected;
     wrapcert::CheckKeysOptions options;
-    if (!o.fixture.empty()) {
-      const auto config = wrapcert::fixtures::config_named(o.fixture);
-      expected = wrapcert::key_infos(wrapcert::state_dict(
-          wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype})));
-    } else if (!o.against.empty()) {
-      expected =
-          wrapcert::key_infos(wrapcert::read_checkpoint(o.against, {/*data=*/false, ""}).state);
-    } else {
-      expected = wrapcert::read_key_listing(o.listing);
-      options.compare_shapes = false;  // a listing has names only
-    }
+    const int code = guarded(kExitNoInput, [&] {
+      if (!o.fixture.empty()) {
+        const auto config = wrapcert::fixtures::config_named(o.fixture);
+        expected = wrapcert::key_infos(wrapcert::state_dict(
+            wrapcert::fixtures::make_causal_lm(config, {c10::kMeta, config.checkpoint_dtype})));
+      } else if (!o.against.empty()) {
+        expected =
+            wrapcert::key_infos(wrapcert::read_checkpoint(o.against, {/*data=*/false, ""}).state);
+      } else {
+        expected = wrapcert::read_key_listing(o.listing);
+        options.compare_shapes = false;  // a listing has names only
+      }
+    });
+    if (code >= 0) return code;
     report = wrapcert::check_keys(found, expected, wrapcert::Registry::global(), options);
   }
+  std::cout << wrapcert::to_text(report);
+  const int verdict = report.status == wrapcert::KeyStatus::kClean    ? 0
+                      : report.status == wrapcert::KeyStatus::kBroken ? kExitBroken
+                                                                      : kExitFound;
+  if (!fixing) return verdict;
+  if (report.status == wrapcert::KeyStatus::kBroken) {
+    std::cout << "nothing written: a translation of the keys cannot make this checkpoint load\n";
+    return verdict;
+  }
+  if (report.status == wrapcert::KeyStatus::kClean && o.in_place) {
+    std::cout << "nothing to do: the keys are already the model's\n";
+    return verdict;
+  }
+  const std::string destination = o.in_place ? in_place_destination(o.file, listing) : o.fix;
   std::vector<std::string> outputs;
-  if (fixing && report.status == wrapcert::KeyStatus::kFixable) {
+  const int code = guarded(kExitCannotWrite, [&] {
     outputs = wrapcert::planned_files(destination, listing);
     for (const auto& out : outputs) {
       wrapcert::check_destination(out, listing.files(), o.in_place);
     }
-  }
-  std::cout << wrapcert::to_text(report);
-  if (!outputs.empty()) {
     wrapcert::write_fixed_checkpoint(destination, listing, report.translation);
-    for (const auto& out : outputs) std::cout << "wrote " << out << "\n";
-    if (!listing.other_entries.empty()) {
-      std::string entries;
-      for (const auto& e : listing.other_entries) entries += " " + e;
-      if (wrapcert::format_for(outputs.back()) == wrapcert::CheckpointFormat::kTorchSave) {
-        std::cout << "kept the entries beside the state dict, unchanged:" << entries << "\n";
-      } else {
-        std::cout << "safetensors holds tensors alone: the entries beside the state dict ("
-                  << entries.substr(1) << ") stay in " << o.file << "\n";
-      }
+  });
+  if (code >= 0) return code;
+  if (report.status == wrapcert::KeyStatus::kClean) {
+    std::cout << "nothing to fix: the keys are already the model's; written in the format "
+                 "asked for\n";
+  }
+  for (const auto& out : outputs) std::cout << "wrote " << out << "\n";
+  if (!listing.other_entries.empty()) {
+    std::string entries;
+    for (const auto& e : listing.other_entries) entries += " " + e;
+    if (wrapcert::format_for(outputs.back()) == wrapcert::CheckpointFormat::kTorchSave) {
+      std::cout << "kept the entries beside the state dict, unchanged:" << entries << "\n";
+    } else {
+      std::cout << "safetensors holds tensors alone: the entries beside the state dict ("
+                << entries.substr(1) << ") stay in " << o.file << "\n";
     }
   }
-  switch (report.status) {
-    case wrapcert::KeyStatus::kClean:
-      return 0;
-    case wrapcert::KeyStatus::kFixable:
-    case wrapcert::KeyStatus::kLeftover:
-      return kExitFound;
-    case wrapcert::KeyStatus::kBroken:
-      return kExitBroken;
-  }
-  return kExitBroken;
+  return verdict;
 }
 
 /// The seed thread, replicated: gemma-2b full size on meta, FSDPv2 on the root and every layer.
@@ -484,7 +551,8 @@ int main(int argc, char** argv) {
   auto* check_cmd = app.add_subcommand(
       "check-keys",
       "Compare a checkpoint's keys with a model's, or scan them for wrapper components; exit 0 "
-      "clean, 1 fixable or components found, 2 broken");
+      "clean, 1 fixable or components found, 2 broken or damaged, 3 not readable by wrapcert, "
+      "66 unreadable input, 73 unwritable output");
   check_cmd
       ->add_option("file", check.file,
                    "a checkpoint: safetensors or torch.save (zip or legacy, plain or nested), "
@@ -615,7 +683,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("wrapcert ") + WRAPCERT_VERSION);
   app.footer(
       "Exit codes: 0 clean or passed; 1 fixable, wrapper components found, or certification "
-      "failed; 2 broken checkpoint, damaged or refused input; 64 usage error.");
+      "failed; 2 broken checkpoint (keys that do not load) or a damaged file; 3 a valid file "
+      "that wrapcert does not read (the message says how to convert it); 64 usage error; 66 an "
+      "input that cannot be read (missing, not a regular file, an empty key listing); 73 an "
+      "output that cannot be written (refused by type, read as input, no room).");
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;
     for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
@@ -635,7 +706,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const wrapcert::Error& e) {
     std::cerr << e.what() << "\n";
-    return kExitBroken;
+    return exit_code_for(e, kExitBroken);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     std::cerr << "wrapcert: " << what.substr(0, what.find('\n')) << "\n";

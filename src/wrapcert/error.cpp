@@ -28,6 +28,8 @@ std::string_view to_string(ErrorCode code) {
       return "not forwardable";
     case ErrorCode::kMalformedInput:
       return "malformed input";
+    case ErrorCode::kUnsupported:
+      return "not supported";
     case ErrorCode::kTooManyPaths:
       return "too many paths";
   }

@@ -25,6 +25,7 @@ enum class ErrorCode {
   kUnknownKey,       ///< a state-dict key that the tree does not have
   kNotForwardable,   ///< a module type wrapcert cannot call `forward` on
   kMalformedInput,   ///< a damaged or unreadable file
+  kUnsupported,      ///< a valid file that wrapcert does not read, or that does not load as it is
   kTooManyPaths,     ///< modules reached by so many paths that listing every key would not end
 };
 

@@ -4,6 +4,7 @@
 #include <wrapcert/io/check_keys.h>
 #include <wrapcert/io/checkpoint_file.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -31,6 +32,7 @@ std::string join(const std::vector<std::string>& parts, const std::vector<bool>&
 }
 
 std::string describe(const KeyInfo& k) {
+  if (!k.tensor) return "a value that is not a tensor";
   std::string out = "[";
   for (size_t i = 0; i < k.shape.size(); ++i) out += (i ? ", " : "") + std::to_string(k.shape[i]);
   return out + "] " + detail::python_dtype_name(k.dtype);
@@ -39,20 +41,47 @@ std::string describe(const KeyInfo& k) {
 std::set<std::string> slot_names(const Registry& registry) {
   std::set<std::string> slots;
   for (const auto& kind : registry.kinds()) slots.insert(kind.slot);
+  // FlattenParamsWrapper's slot inside FSDP before PyTorch 1.13: no kind of its own, since it
+  // never wraps a model by itself, but its component is left in FSDP's parameter names.
+  slots.insert("_fpw_module");
   return slots;
 }
 
-/// A name a user may also give a child is a wrapper's only as the first component.
-bool only_a_wrapper_puts(const std::string& slot, size_t position) {
-  return position == 0 || (!slot.empty() && slot.front() == '_');
-}
-
+/// A name a user may also give a child (`module`) is a wrapper's only at the start of a key:
+/// the first component, or after a run of wrapper components (`_orig_mod.module.`, which
+/// torch.compile over DDP leaves).
 void scan_key(const std::string& key, const std::set<std::string>& slots, KeyReport& report) {
   const auto parts = components(key);
+  bool leading = true;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (slots.count(parts[i]) && only_a_wrapper_puts(parts[i], i)) {
+    const bool slot = slots.count(parts[i]) > 0;
+    if (slot && (leading || parts[i].front() == '_')) {
       report.leftover.emplace_back(key, "component " + std::to_string(i) + ": " + parts[i]);
     }
+    leading = leading && slot;
+  }
+}
+
+/// Why a saved key cannot load into a model as it is, or "".
+std::string cannot_load(const KeyInfo& k, bool zero3) {
+  const auto parts = components(k.key);
+  const auto& last = parts.empty() ? k.key : parts.back();
+  if (last == "flat_param" || last == "_flat_param") {
+    return "a flat parameter: FSDP's local state dict or its named_parameters() hold many "
+           "parameters flattened into one; save FSDP's full state dict "
+           "(StateDictType.FULL_STATE_DICT) instead";
+  }
+  if (zero3 && k.tensor && k.shape == std::vector<int64_t>{0}) {
+    return "a ZeRO-3 placeholder: DeepSpeed keeps the weights partitioned in "
+           "zero_pp_rank_*_optim_states.pt; consolidate them with the zero_to_fp32.py script "
+           "saved beside the checkpoint";
+  }
+  return "";
+}
+
+void add_unloadable(const std::vector<KeyInfo>& found, KeyReport& report) {
+  for (const auto& f : found) {
+    if (!f.cannot_load.empty()) report.unloadable.emplace_back(f.key, f.cannot_load);
   }
 }
 
@@ -72,9 +101,26 @@ std::vector<KeyInfo> key_infos(const StateDict& state) {
   std::vector<KeyInfo> out;
   for (const auto& item : state) {
     const auto it = tied.find(item.key());
-    out.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type(),
-                   it == tied.end() ? "" : it->second});
+    KeyInfo k;
+    k.key = item.key();
+    k.tensor = item.value().defined();  // false: extra state that is not a tensor
+    if (k.tensor) {
+      k.shape = item.value().sizes().vec();
+      k.dtype = item.value().scalar_type();
+      k.tied_to = it == tied.end() ? "" : it->second;
+    }
+    out.push_back(std::move(k));
   }
+  return out;
+}
+
+std::vector<KeyInfo> key_infos(const Checkpoint& checkpoint) {
+  auto out = key_infos(checkpoint.state);
+  // DeepSpeed's model states: the state dict under "module", its own entries beside it.
+  const auto& other = checkpoint.other_entries;
+  const bool deepspeed = std::find(other.begin(), other.end(), "ds_version") != other.end() ||
+                         std::find(other.begin(), other.end(), "param_shapes") != other.end();
+  for (auto& k : out) k.cannot_load = cannot_load(k, deepspeed);
   return out;
 }
 
@@ -104,7 +150,8 @@ KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInf
   std::set<std::string> matched;
   auto compare = [&](const KeyInfo& f, const std::string& target) {
     const auto* e = want.at(target);
-    if (options.compare_shapes && (f.shape != e->shape || f.dtype != e->dtype)) {
+    if (options.compare_shapes &&
+        (f.tensor != e->tensor || (f.tensor && (f.shape != e->shape || f.dtype != e->dtype)))) {
       report.mismatched.push_back(f.key + ": found " + describe(f) + ", expected " + describe(*e));
     }
     matched.insert(target);
@@ -147,7 +194,13 @@ KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInf
     }
   }
   for (const auto& e : expected) {
-    if (!matched.count(e.key)) report.missing.push_back(e.key);
+    if (matched.count(e.key)) continue;
+    // Transformers saves a tied weight once: the key it ties is left out, not missing.
+    if (!e.tied_to.empty() && matched.count(e.tied_to)) {
+      report.tied_left_out.emplace_back(e.key, e.tied_to);
+    } else {
+      report.missing.push_back(e.key);
+    }
   }
   // Two found keys translated onto one expected key: not one-to-one.
   std::set<std::string> targets;
@@ -155,7 +208,9 @@ KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInf
     if (!targets.insert(to).second) report.unexpected.push_back(from);
   }
   add_ties(found, report);
-  if (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty()) {
+  add_unloadable(found, report);
+  if (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty() ||
+      !report.unloadable.empty()) {
     report.status = KeyStatus::kBroken;
   } else if (!report.translation.empty()) {
     report.status = KeyStatus::kFixable;
@@ -168,7 +223,10 @@ KeyReport scan_keys(const std::vector<KeyInfo>& found, const Registry& registry)
   KeyReport report;
   for (const auto& f : found) scan_key(f.key, slots, report);
   add_ties(found, report);
-  report.status = report.leftover.empty() ? KeyStatus::kClean : KeyStatus::kLeftover;
+  add_unloadable(found, report);
+  report.status = !report.unloadable.empty() ? KeyStatus::kBroken
+                  : report.leftover.empty()  ? KeyStatus::kClean
+                                             : KeyStatus::kLeftover;
   return report;
 }
 
@@ -191,9 +249,23 @@ std::string to_text(const KeyReport& r) {
   section("missing keys", r.missing);
   section("unexpected keys", r.unexpected);
   section("shape or dtype mismatches", r.mismatched);
+  if (!r.unloadable.empty()) {
+    out << "keys that cannot load into a model as saved (" << r.unloadable.size() << "):\n";
+    std::string said;  // the reason once, where it changes
+    for (const auto& [key, why] : r.unloadable) {
+      out << "  " << key << "\n";
+      if (why != said) out << "    " << why << "\n";
+      said = why;
+    }
+  }
   if (!r.ties.empty()) {
     out << "tied keys, saved once (" << r.ties.size() << "):\n";
     for (const auto& [key, to] : r.ties) out << "  " << key << " = " << to << "\n";
+  }
+  if (!r.tied_left_out.empty()) {
+    out << "tied keys left out, as Transformers saves them (" << r.tied_left_out.size()
+        << "):\n";
+    for (const auto& [key, to] : r.tied_left_out) out << "  " << key << " = " << to << "\n";
   }
   return out.str();
 }
@@ -212,7 +284,17 @@ std::vector<KeyInfo> read_key_listing(const std::string& path) {
   std::vector<KeyInfo> keys;
   for (std::string line; std::getline(lines, line);) {
     const auto key = line.substr(0, line.find_first_of(" \t\r"));
-    if (!key.empty()) keys.push_back({key, {}, c10::kFloat, ""});
+    if (!key.empty()) {
+      keys.emplace_back();
+      keys.back().key = key;
+    }
+  }
+  if (lines.bad()) {
+    throw Error(ErrorCode::kInvalidArgument, path, "cannot read the key listing '" + path + "'");
+  }
+  if (keys.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, path,
+                "the key listing '" + path + "' holds no key: nothing to compare with");
   }
   return keys;
 }

@@ -7,6 +7,7 @@
 ///   if (report.status == wrapcert::KeyStatus::kFixable) ... report.translation ...
 ///   auto scan = wrapcert::scan_keys(found);   // no reference: wrapper components only
 
+#include <wrapcert/io/checkpoint_file.h>
 #include <wrapcert/registry.h>
 #include <wrapcert/view.h>
 
@@ -19,19 +20,29 @@ namespace wrapcert {
 struct KeyInfo {
   std::string key;
   std::vector<int64_t> shape;
-  c10::ScalarType dtype;
+  c10::ScalarType dtype = c10::kFloat;
   /// The first key saved with the very same data (a tie), or "".
   std::string tied_to;
+  /// False for a module's extra state saved as something other than a tensor (no shape).
+  bool tensor = true;
+  /// Why the key cannot load into a model as saved (a flat parameter, a ZeRO-3 placeholder),
+  /// with the way out; "" when it can.
+  std::string cannot_load;
 };
 
 /// Keys, shapes, dtypes and ties (by storage, offset, shape and strides) of a state dict; the
 /// tensors may be on the meta device.
 std::vector<KeyInfo> key_infos(const StateDict& state);
 
+/// As above, for a checkpoint read from disk, with what cannot load as saved named: FSDP's flat
+/// parameters, and ZeRO-3 placeholders in DeepSpeed's model states (shape [0] beside its
+/// `ds_version` or `param_shapes`).
+std::vector<KeyInfo> key_infos(const Checkpoint& checkpoint);
+
 enum class KeyStatus {
   kClean,     ///< every key as expected (a scan: no wrapper component)
   kFixable,   ///< a one-to-one translation gives the expected keys
-  kBroken,    ///< keys missing, unexpected or mismatched
+  kBroken,    ///< keys missing, unexpected or mismatched, or keys that cannot load as saved
   kLeftover,  ///< a scan without a reference found wrapper components
 };
 const char* to_string(KeyStatus status);
@@ -47,6 +58,11 @@ struct KeyReport {
   std::vector<std::string> unexpected;  ///< found, matching nothing
   std::vector<std::string> mismatched;  ///< "key: found [..] dtype, expected [..] dtype"
   std::vector<std::pair<std::string, std::string>> ties;  ///< found key -> key it is tied to
+  /// Expected keys tied to a found one and left out of the file (found key's tie, as
+  /// Transformers saves a tied head): expected key -> the key it is tied to. Not missing.
+  std::vector<std::pair<std::string, std::string>> tied_left_out;
+  /// Found keys that cannot load as saved -> why, and the way out. Makes the status broken.
+  std::vector<std::pair<std::string, std::string>> unloadable;
 };
 
 struct CheckKeysOptions {
@@ -74,7 +90,7 @@ std::string to_text(const KeyReport& report);
 /// The keys of a key listing (what `--keys` reads): one key per line; what follows a space or
 /// a tab (a golden listing's shape and dtype) is ignored, and so are blank lines. Shapes and
 /// dtypes are unknown: compare with `CheckKeysOptions::compare_shapes` off. Throws `Error`
-/// (kInvalidArgument) naming the file when it cannot be read or is no regular file.
+/// (kInvalidArgument) naming the file when it cannot be read, is a folder, or holds no key.
 std::vector<KeyInfo> read_key_listing(const std::string& path);
 
 }  // namespace wrapcert

@@ -18,7 +18,11 @@ using ::testing::ElementsAre;
 using ::testing::Pair;
 
 KeyInfo info(const std::string& key, std::vector<int64_t> shape = {2}) {
-  return {key, std::move(shape), c10::kFloat, ""};
+  KeyInfo k;
+  k.key = key;
+  k.shape = std::move(shape);
+  k.dtype = c10::kFloat;
+  return k;
 }
 
 TEST(CheckKeys, FindsTheTranslationForTheSeedsCheckpoint) {
@@ -56,8 +60,7 @@ TEST(CheckKeys, AUserChildNamedModuleIsNotALeftoverComponent) {
 TEST(CheckKeys, AListingComparesNamesOnly) {
   CheckKeysOptions names_only;
   names_only.compare_shapes = false;
-  const std::vector<KeyInfo> listing{{"a.weight", {}, c10::kFloat, ""},
-                                     {"b.weight", {}, c10::kFloat, ""}};
+  const std::vector<KeyInfo> listing{info("a.weight", {}), info("b.weight", {})};
   const auto report = check_keys({info("module.a.weight", {3, 4}), info("module.c.weight")},
                                  listing, Registry::global(), names_only);
   EXPECT_EQ(report.status, KeyStatus::kBroken);
@@ -103,6 +106,73 @@ TEST(CheckKeys, AScanReportsWholeWrapperComponentsWhereOnlyAWrapperPutsThem) {
                           Pair("block._checkpoint_wrapped_module.0.weight",
                                "component 1: _checkpoint_wrapped_module")));
   EXPECT_EQ(scan_keys({info("head.module.weight"), info("a.b")}).status, KeyStatus::kClean);
+}
+
+TEST(CheckKeys, ARunOfWrapperComponentsAtTheStartIsFlaggedWhole) {
+  const auto report =
+      scan_keys({info("_orig_mod.module.head.weight"), info("_orig_mod.head.module.weight")});
+  EXPECT_THAT(report.leftover,
+              ElementsAre(Pair("_orig_mod.module.head.weight", "component 0: _orig_mod"),
+                          Pair("_orig_mod.module.head.weight", "component 1: module"),
+                          Pair("_orig_mod.head.module.weight", "component 0: _orig_mod")));
+}
+
+TEST(CheckKeys, AnEmptyListingIsAnInputError) {
+  test_support::TempDir dir;
+  std::ofstream(dir / "empty.keys") << "\n\n";
+  EXPECT_THAT([&] { (void)read_key_listing(dir / "empty.keys"); },
+              ThrowsError(ErrorCode::kInvalidArgument, dir / "empty.keys",
+                          ::testing::HasSubstr("holds no key")));
+}
+
+TEST(CheckKeys, ATiedKeyLeftOutIsTiedNotMissing) {
+  const auto storage = torch::arange(6, torch::kFloat);
+  StateDict model;
+  model.insert("embed.weight", storage.view({2, 3}));
+  model.insert("head.weight", storage.view({2, 3}));
+  StateDict saved;
+  saved.insert("module.embed.weight", storage.view({2, 3}).clone());
+  const auto report = check_keys(key_infos(saved), key_infos(model));
+  EXPECT_EQ(report.status, KeyStatus::kFixable) << to_text(report);
+  EXPECT_THAT(report.missing, ::testing::IsEmpty());
+  EXPECT_THAT(report.tied_left_out, ElementsAre(Pair("head.weight", "embed.weight")));
+  // Untied, the same key is missing.
+  StateDict untied;
+  untied.insert("embed.weight", storage.view({2, 3}));
+  untied.insert("head.weight", storage.view({2, 3}).clone());
+  EXPECT_THAT(check_keys(key_infos(saved), key_infos(untied)).missing,
+              ElementsAre("head.weight"));
+}
+
+TEST(CheckKeys, KeysThatCannotLoadAsSavedMakeTheCheckpointBroken) {
+  Checkpoint fsdp;
+  fsdp.state.insert("_fsdp_wrapped_module.flat_param", torch::zeros({40}));
+  auto report = scan_keys(key_infos(fsdp));
+  EXPECT_EQ(report.status, KeyStatus::kBroken);
+  EXPECT_THAT(report.unloadable, ElementsAre(Pair("_fsdp_wrapped_module.flat_param",
+                                                  ::testing::HasSubstr("FULL_STATE_DICT"))));
+  Checkpoint zero3;
+  zero3.state.insert("embed.weight", torch::zeros({0}));
+  zero3.state.insert("steps", torch::zeros({1}));
+  EXPECT_EQ(scan_keys(key_infos(zero3)).status, KeyStatus::kClean);  // no DeepSpeed: an empty buffer
+  zero3.other_entries = {"ds_version", "param_shapes"};
+  report = scan_keys(key_infos(zero3));
+  EXPECT_EQ(report.status, KeyStatus::kBroken);
+  EXPECT_THAT(report.unloadable,
+              ElementsAre(Pair("embed.weight", ::testing::HasSubstr("zero_to_fp32.py"))));
+}
+
+TEST(CheckKeys, ExtraStateThatIsNoTensorIsAKeyWithoutShape) {
+  StateDict state;
+  state.insert("w", torch::zeros({2}));
+  state.insert("block._extra_state", torch::Tensor());
+  const auto infos = key_infos(state);
+  EXPECT_FALSE(infos[1].tensor);
+  EXPECT_EQ(check_keys(infos, infos).status, KeyStatus::kClean);
+  auto as_tensor = infos;
+  as_tensor[1].tensor = true;
+  EXPECT_THAT(check_keys(infos, as_tensor).mismatched,
+              ElementsAre(::testing::HasSubstr("not a tensor")));
 }
 
 TEST(CheckKeys, TiesAreOneStorageAtOneOffsetNotOneTensorObject) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -150,30 +151,139 @@ bool is_shard_name(const std::string& name) {
   return false;
 }
 
+/// What trainers save beside the weights (Transformers' Trainer, Accelerate, DeepSpeed,
+/// Lightning): never shards of the model.
+bool is_training_state(const std::string& name) {
+  static const std::set<std::string> names = {
+      "optimizer.pt", "optimizer.bin", "scheduler.pt",     "scheduler.bin",
+      "scaler.pt",    "scaler.bin",    "training_args.bin"};
+  return names.count(name) > 0 || (name.rfind("rng_state", 0) == 0 && ends_with(name, ".pth")) ||
+         (name.rfind("optimizer", 0) == 0 && is_shard_name(name)) ||
+         ends_with(name, "optim_states.pt");
+}
+
+bool is_regular(const fs::path& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/// DeepSpeed's root folder: `latest` names the step folder to load ("global_step10").
+std::string deepspeed_latest(const std::string& folder) {
+  const auto latest = fs::path(folder) / "latest";
+  if (!is_regular(latest)) return "";
+  const detail::InputFile in(latest.string());
+  if (in.size() == 0 || in.size() > 4096) return "";
+  std::string name(in.size(), '\0');
+  in.read_at(0, name.data(), name.size());
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  struct stat st {};
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      ::stat((fs::path(folder) / name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return "";
+  }
+  return name;
+}
+
 Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& options) {
-  std::vector<std::string> indexes, shards;
+  if (const auto step = deepspeed_latest(path); !step.empty()) {
+    auto out = read_folder((fs::path(path) / step).string(), options);
+    out.notes.insert(out.notes.begin(), "followed DeepSpeed's 'latest' to " + step);
+    return out;
+  }
+  std::vector<std::string> indexes, shards, training_state, distcp;
+  bool dcp_metadata = false;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(path, error)) {
     const auto name = entry.path().filename().string();
+    if (name == ".metadata") dcp_metadata = true;
+    if (ends_with(name, ".distcp")) distcp.push_back(name);
+    if (!is_regular(entry.path())) continue;
     if (is_index_name(name))
       indexes.push_back(entry.path().string());
+    else if (is_training_state(name))
+      training_state.push_back(name);
     else if (is_shard_name(name))
       shards.push_back(entry.path().string());
   }
   if (error) refuse(path, "cannot be listed: " + error.message());
+  if (dcp_metadata || !distcp.empty()) {
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": a torch.distributed.checkpoint folder (" +
+                    (dcp_metadata ? ".metadata and " : "") + std::to_string(distcp.size()) +
+                    " .distcp files), which wrapcert does not read; convert it with "
+                    "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, "
+                    "'model.pt') (PyTorch 2.2 and later) and check that file");
+  }
   std::sort(indexes.begin(), indexes.end());
   std::sort(shards.begin(), shards.end());
+  std::sort(training_state.begin(), training_state.end());
+  std::vector<std::string> notes, not_read = training_state;
+  auto finish = [&](Checkpoint out) {
+    out.not_read = not_read;
+    out.notes = notes;
+    return out;
+  };
+  // Safetensors first, as Transformers loads a folder that holds both.
+  auto prefer_safetensors = [&](std::vector<std::string>& files, const char* what) {
+    const auto is_st = [](const std::string& f) {
+      return ends_with(f, ".safetensors") || ends_with(f, ".safetensors.index.json");
+    };
+    const bool any = std::any_of(files.begin(), files.end(), is_st);
+    if (!any || std::all_of(files.begin(), files.end(), is_st)) return;
+    std::vector<std::string> kept;
+    for (const auto& f : files) {
+      if (is_st(f)) {
+        kept.push_back(f);
+      } else {
+        not_read.push_back(fs::path(f).filename().string());
+      }
+    }
+    notes.push_back(std::string("safetensors ") + what +
+                    " preferred over the others, as Transformers loads them");
+    files = kept;
+  };
+  prefer_safetensors(indexes, "index");
   if (indexes.size() > 1) {
     damaged(path, "",
             "a folder with " + std::to_string(indexes.size()) +
                 " index files; name the one to read (" + indexes[0] + ", " + indexes[1] + ")");
   }
-  if (indexes.size() == 1) return read_index(indexes.front(), options);
-  if (shards.empty()) damaged(path, "", "a folder with no checkpoint file and no index");
+  if (indexes.size() == 1) {
+    auto out = read_index(indexes.front(), options);
+    for (const auto& shard : shards) {  // weights the index does not name
+      const bool named = std::any_of(out.shards.begin(), out.shards.end(),
+                                     [&](const Checkpoint::Shard& s) { return s.file == shard; });
+      if (!named) not_read.push_back(fs::path(shard).filename().string());
+    }
+    return finish(std::move(out));
+  }
+  prefer_safetensors(shards, "weights");
+  // DeepSpeed writes one model-states file per rank, each the whole module (ZeRO-1/2) or its
+  // placeholders (ZeRO-3): the first is checked.
+  std::vector<std::string> model_states;
+  for (const auto& shard : shards) {
+    if (ends_with(shard, "model_states.pt")) model_states.push_back(shard);
+  }
+  if (!model_states.empty()) {
+    for (const auto& shard : shards) {
+      if (shard != model_states.front()) not_read.push_back(fs::path(shard).filename().string());
+    }
+    if (model_states.size() > 1) {
+      notes.push_back("DeepSpeed saves model states per rank; " +
+                      fs::path(model_states.front()).filename().string() + " is checked");
+    }
+    shards = {model_states.front()};
+  }
+  if (shards.empty()) {
+    damaged(path, "",
+            "a folder with no checkpoint file and no index" +
+                (training_state.empty() ? std::string()
+                                        : " (only training state: " + training_state[0] + ")"));
+  }
   std::vector<Checkpoint> parts;
   parts.reserve(shards.size());
   for (const auto& shard : shards) parts.push_back(read_file(shard, options));
-  return merge(std::move(parts), path);
+  return finish(merge(std::move(parts), path));
 }
 
 constexpr const char* kTemporarySuffix = ".wrapcert-new";
@@ -316,7 +426,7 @@ std::pair<std::vector<std::pair<std::string, size_t>>, uint64_t> placement(
     for (const auto& key : checkpoint.shards[s].keys) {
       const auto& t = checkpoint.state[key];
       out.emplace_back(rename(key), s);
-      if (counted.insert(detail::saved_identity(t)).second) total += t.nbytes();
+      if (t.defined() && counted.insert(detail::saved_identity(t)).second) total += t.nbytes();
     }
   }
   return {out, total};
@@ -367,6 +477,11 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions&
   if (!S_ISREG(st.st_mode))
     refuse(path, "it is " + detail::describe_file_type(st.st_mode) + ", not a checkpoint file");
   if (is_index_name(path)) return read_index(path, options);
+  if (ends_with(path, ".distcp")) {
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": one file of a torch.distributed.checkpoint folder, which holds pieces "
+                       "of tensors that only the folder's .metadata names; name the folder");
+  }
   return read_file(path, options);
 }
 
@@ -374,6 +489,7 @@ std::vector<std::vector<std::string>> storage_ties(const StateDict& state) {
   std::map<detail::SavedIdentity, std::vector<std::string>> groups;
   std::vector<const std::vector<std::string>*> order;
   for (const auto& item : state) {
+    if (!item.value().defined()) continue;  // extra state that is not a tensor
     auto& group = groups[detail::saved_identity(item.value())];
     if (group.empty()) order.push_back(&group);
     group.push_back(item.key());

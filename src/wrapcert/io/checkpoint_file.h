@@ -37,6 +37,13 @@ struct Checkpoint {
   std::vector<std::string> other_entries;  ///< the trainer's entries beside it
   std::string index;                       ///< the index file read, "" when there is none
   std::vector<Shard> shards;               ///< every file read (one for a single file)
+  /// Files of the folder read that hold no weights or were passed over, by name: a trainer's
+  /// state (optimizer.pt, scheduler.pt, rng_state.pth, DeepSpeed's optimizer states), `.bin`
+  /// files beside safetensors, other ranks' DeepSpeed model states.
+  std::vector<std::string> not_read;
+  /// How the weights were chosen in a folder, one line each ("followed DeepSpeed's 'latest' to
+  /// global_step10", "safetensors weights preferred over the others, as Transformers loads them").
+  std::vector<std::string> notes;
 
   bool sharded() const { return !index.empty() || shards.size() > 1; }
   /// The files read: the index (if any) and every shard.
@@ -44,8 +51,12 @@ struct Checkpoint {
 };
 
 /// Reads `path`: a file (by its content), an index (`*.index.json`, shards in its folder), or a
-/// folder (its one index, else every `*.safetensors`, `*.bin`, `*.pt` or `*.pth` file in name
-/// order). Throws `Error` naming the file, and the key where there is one: kMalformedInput for a
+/// folder as trainers write them: DeepSpeed's root is followed through its `latest`; then its
+/// one index (a safetensors index preferred), else its weights — every `*.safetensors` file,
+/// or when there is none every `*.bin`, `*.pt`, `*.pth` file, in name order, passing over the
+/// training state beside them (`Checkpoint::not_read`) and reading the first of DeepSpeed's
+/// per-rank model states. A `torch.distributed.checkpoint` folder or `.distcp` file is refused
+/// by name (kUnsupported), with the way to convert it. Throws `Error` naming the file, and the key where there is one: kMalformedInput for a
 /// damaged file, an index whose `weight_map` misses a key of a shard or places it elsewhere, a
 /// key in two shards, or a shard named outside the index's folder; kInvalidArgument for a path
 /// that is missing or not a regular file or folder (FIFOs, devices and sockets are refused by

@@ -277,7 +277,7 @@ TEST(CheckpointFile, UnknownFormatsAreNamed) {
   tar.replace(257, 5, "ustar");
   std::ofstream(dir / "old.pt", std::ios::binary) << tar;
   EXPECT_THAT([&] { read_checkpoint(dir / "old.pt"); },
-              ThrowsError(ErrorCode::kMalformedInput, "", HasSubstr("tar torch.save format")));
+              ThrowsError(ErrorCode::kUnsupported, "", HasSubstr("tar torch.save format")));
 }
 
 std::string read_bytes(const std::string& path) {

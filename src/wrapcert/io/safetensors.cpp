@@ -1,3 +1,4 @@
+#include <wrapcert/detail/python_names.h>
 #include <wrapcert/error.h>
 #include <wrapcert/io/detail/atomic_file.h>
 #include <wrapcert/io/detail/input_file.h>
@@ -226,6 +227,11 @@ void save_safetensors(const std::string& path, const StateDict& state,
   uint64_t offset = 0;
   ordered_json entries = ordered_json::object();
   for (const auto& item : state) {
+    if (!item.value().defined()) {
+      throw Error(ErrorCode::kUnsupported, item.key(),
+                  path + ": a module's extra state that is not a tensor cannot be stored in "
+                         "safetensors; write torch.save (*.pt, *.bin) to keep it");
+    }
     order.push_back(item.key());
     auto identity = detail::saved_identity(item.value());
     if (auto it = first_key.find(identity); it != first_key.end()) {
@@ -241,7 +247,10 @@ void save_safetensors(const std::string& path, const StateDict& state,
     const auto name = std::find_if(dtypes().begin(), dtypes().end(),
                                    [&](const auto& d) { return d.second == t.scalar_type(); });
     if (name == dtypes().end()) {
-      throw Error(ErrorCode::kInvalidArgument, item.key(), "safetensors has no dtype for it");
+      throw Error(ErrorCode::kUnsupported, item.key(),
+                  path + ": safetensors has no dtype for " +
+                      detail::python_dtype_name(t.scalar_type()) +
+                      "; write torch.save (*.pt, *.bin) to keep it");
     }
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     entries[item.key()] = {{"dtype", name->first},

@@ -479,7 +479,10 @@ class Reader {
       fail("", "an unsupported persistent id");
     }
     const auto type = storage_types().find(p[1]->s);
-    if (type == storage_types().end()) fail("", "unsupported storage type '" + p[1]->s + "'");
+    if (type == storage_types().end()) {
+      throw Error(ErrorCode::kUnsupported, "",
+                  path_ + ": a storage of type '" + p[1]->s + "', which wrapcert does not read");
+    }
     const auto& key = p[2]->s;
     if (auto it = by_key_.find(key); it != by_key_.end()) return it->second;
     const int64_t numel = non_negative(p[4], "a storage size");
@@ -513,10 +516,26 @@ class Reader {
   std::vector<detail::PickledStorage>& storages_;
 };
 
+/// A module's `get_extra_state()` result: any object, saved under `..._extra_state`.
+bool is_extra_state(const std::string& key) {
+  const std::string_view name = "_extra_state";
+  return key.size() >= name.size() && key.compare(key.size() - name.size(), name.size(), name) == 0 &&
+         (key.size() == name.size() || key[key.size() - name.size() - 1] == '.');
+}
+
+/// One rank's part of a sharded state dict: a value that is no tensor anyone can load alone.
+bool is_sharded_value(const Value* v) {
+  return v->kind == Value::Kind::kObject && (v->s.find("ShardedTensor") != std::string::npos ||
+                                             v->s.find(" DTensor") != std::string::npos);
+}
+
 bool is_state_dict(const Value* v) {
   if (v->kind != Value::Kind::kDict) return false;
   for (const auto& [k, value] : v->dict) {
-    if (k->kind != Value::Kind::kString || value->kind != Value::Kind::kTensor) return false;
+    if (k->kind != Value::Kind::kString) return false;
+    if (value->kind != Value::Kind::kTensor && !is_sharded_value(value) && !is_extra_state(k->s)) {
+      return false;
+    }
   }
   return true;
 }
@@ -613,13 +632,23 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
     if (k->kind != Value::Kind::kString) {
       reader.fail(prefix + key_text(k), "a key that is not a string (" + describe(k) + ")");
     }
-    if (v->kind != Value::Kind::kTensor) {
+    if (is_sharded_value(v)) {
+      throw Error(ErrorCode::kUnsupported, k->s,
+                  path + ": the value is " + describe(v) +
+                      ", one rank's part of a sharded state dict (FSDP's SHARDED_STATE_DICT), "
+                      "which loads only into the same sharded model; save a full state dict "
+                      "(FullyShardedDataParallel.state_dict_type(model, "
+                      "StateDictType.FULL_STATE_DICT)) and check that");
+    }
+    const bool extra = v->kind != Value::Kind::kTensor && is_extra_state(k->s);
+    if (v->kind != Value::Kind::kTensor && !extra) {
       reader.fail(k->s, "the value is " + describe(v) + ", not a tensor" +
                             (out.entry.empty() ? "" : " (in entry '" + out.entry + "')"));
     }
     if (out.state.contains(k->s)) reader.fail(k->s, "the key is saved twice");
-    out.state.insert(k->s, v->tensor);
-    out.storage_of.push_back(v->storage);
+    // A module's extra state that is not a tensor is kept as a key with no tensor.
+    out.state.insert(k->s, extra ? torch::Tensor() : v->tensor);
+    out.storage_of.push_back(extra ? kNoStorage : v->storage);
     out.key_spans.push_back({k->begin, k->end, k->reused});
   }
   return out;
@@ -779,6 +808,10 @@ StateDict with_data(const detail::PickledStateDict& pickled, const Load& load) {
   size_t i = 0;
   for (const auto& item : pickled.state) {
     const size_t s = pickled.storage_of[i++];
+    if (s == detail::kNoStorage) {
+      state.insert(item.key(), item.value());
+      continue;
+    }
     if (!data[s].defined()) {
       const auto& storage = pickled.storages[s];
       data[s] = torch::empty({storage.numel}, torch::TensorOptions().dtype(storage.dtype));
@@ -839,7 +872,8 @@ size_t legacy_object_start(const detail::MappedFile& map, const std::string& pat
     const Value* little =
         info->kind == Value::Kind::kDict ? find_entry(info, "little_endian") : nullptr;
     if (little && little->kind == Value::Kind::kBool && !little->i) {
-      damaged(path, "a big-endian legacy torch.save file, which wrapcert does not read");
+      throw Error(ErrorCode::kUnsupported, "",
+                  path + ": a big-endian legacy torch.save file, which wrapcert does not read");
     }
   });
   return pos;
@@ -914,8 +948,10 @@ TorchSaveFile read_torch_save(const std::string& path, const TorchSaveOptions& o
     unsigned char tar[5];
     file.read_at(257, tar, 5);
     if (std::memcmp(tar, kTar, 5) == 0) {
-      damaged(path,
-              "the tar torch.save format of PyTorch before 0.4, which wrapcert does not read");
+      throw Error(ErrorCode::kUnsupported, "",
+                  path +
+                      ": the tar torch.save format of PyTorch before 0.4, which wrapcert does not "
+                      "read; load it in Python and save it again");
     }
   }
   damaged(path,
@@ -1132,6 +1168,11 @@ void save_torch_save(const std::string& path, const StateDict& state) {
   StateDictPickler pickler;
   pickler.begin_items();
   for (const auto& item : state) {
+    if (!item.value().defined()) {
+      throw Error(ErrorCode::kUnsupported, item.key(),
+                  "a module's extra state that is not a tensor: only a copy of the torch.save "
+                  "file that holds it keeps it");
+    }
     if (item.value().is_meta()) {
       throw Error(ErrorCode::kInvalidArgument, item.key(),
                   "a tensor on the meta device has no data to save");

@@ -215,6 +215,27 @@ TEST(TorchSavePickle, RefusesToRenameAKeyWhoseStringIsReferredToAgain) {
   EXPECT_NO_THROW(renamed(p, {{"w", "w"}}));
 }
 
+TEST(TorchSavePickle, ExtraStateThatIsNoTensorIsKeptAsAKey) {
+  Pickle p;  // {"w": tensor, "block._extra_state": 5, "head._extra_state": b"fp8"}
+  p.op("}(").str("w").tensor("0", 4, 0, {4}, {1}).str("block._extra_state").small(5);
+  p.str("head._extra_state").op("C\x03" "fp8").op("u.");
+  const auto state = run(p);
+  EXPECT_EQ(keys(state),
+            std::vector<std::string>({"w", "block._extra_state", "head._extra_state"}));
+  EXPECT_FALSE(state["block._extra_state"].defined());
+  Pickle bad;  // the same value under a key that is no extra state
+  bad.op("}(").str("w").tensor("0", 4, 0, {4}, {1}).str("block.scale").small(5).op("u.");
+  expect_malformed(bad, "block.scale", "not a state dict");
+}
+
+TEST(TorchSavePickle, AShardedTensorIsNamedWithTheWayOut) {
+  Pickle p;  // {"w": ShardedTensor.__new__(ShardedTensor)} with its state
+  p.op("}").str("w").op("ctorch.distributed._shard.sharded_tensor.api\nShardedTensor\n)\x81");
+  p.op("}b").op("s.");
+  EXPECT_THAT([&] { (void)run(p); },
+              ThrowsError(ErrorCode::kUnsupported, "w", HasSubstr("FULL_STATE_DICT")));
+}
+
 TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
   Pickle p;  // l = []; l.append(l); {"l": l}
   p.op("}").str("l").op(std::string("]q\0h\0", 5)).op("as.");

@@ -28,11 +28,17 @@ struct PickledKey {
   bool reused = false;
 };
 
+/// `PickledStateDict::storage_of` for a value that is no tensor.
+constexpr size_t kNoStorage = static_cast<size_t>(-1);
+
 struct PickledStateDict {
   /// The state dict with every tensor on the meta device: shapes, strides, storage offsets and
-  /// shared storages as saved, no data.
+  /// shared storages as saved, no data. A module's extra state (`..._extra_state`) that is not a
+  /// tensor (an int, bytes, a dict) is an undefined tensor here: its key is kept, its value is
+  /// left in the pickle.
   StateDict state;
-  /// For each entry of `state`, in order, its storage's index in `storages`.
+  /// For each entry of `state`, in order, its storage's index in `storages` (`kNoStorage` for
+  /// extra state that is not a tensor).
   std::vector<size_t> storage_of;
   /// Every storage the pickle names (the chosen state dict's and any other's), in order.
   std::vector<PickledStorage> storages;
