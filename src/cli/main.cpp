@@ -26,8 +26,8 @@
 namespace {
 
 /// Exit codes (also in `--help` and the README).
-constexpr int kExitFound = 1;   // fixable checkpoint, wrapper components found, failed check
-constexpr int kExitBroken = 2;  // broken checkpoint (keys that do not load), or a damaged file
+constexpr int kExitFound = 1;        // fixable checkpoint, wrapper components found, failed check
+constexpr int kExitBroken = 2;       // broken checkpoint (keys that do not load), or a damaged file
 constexpr int kExitUnsupported = 3;  // a valid file that wrapcert does not read
 constexpr int kExitUsage = 64;       // the command line itself is wrong (sysexits' EX_USAGE)
 constexpr int kExitNoInput = 66;     // an input cannot be read (sysexits' EX_NOINPUT)
@@ -275,15 +275,17 @@ int run_check_keys(const CheckKeysCli& o) {
   }
   // The destination is checked before anything is read.
   if (o.fix_given && !names_a_folder(o.fix)) {
-    if (const int code = guarded(kExitCannotWrite,
-                                 [&] { wrapcert::check_destination(o.fix, {o.file}, false); });
+    if (const int code =
+            guarded(kExitCannotWrite, [&] { wrapcert::check_destination(o.fix, {o.file}, false); });
         code >= 0) {
       return code;
     }
   }
   wrapcert::Checkpoint listing;
   if (const int code = guarded(kExitNoInput,
-                               [&] { listing = wrapcert::read_checkpoint(o.file, {false, o.entry}); });
+                               [&] {
+                                 listing = wrapcert::read_checkpoint(o.file, {false, o.entry});
+                               });
       code >= 0) {
     return code;
   }

@@ -263,8 +263,7 @@ std::string to_text(const KeyReport& r) {
     for (const auto& [key, to] : r.ties) out << "  " << key << " = " << to << "\n";
   }
   if (!r.tied_left_out.empty()) {
-    out << "tied keys left out, as Transformers saves them (" << r.tied_left_out.size()
-        << "):\n";
+    out << "tied keys left out, as Transformers saves them (" << r.tied_left_out.size() << "):\n";
     for (const auto& [key, to] : r.tied_left_out) out << "  " << key << " = " << to << "\n";
   }
   return out.str();

@@ -140,8 +140,7 @@ TEST(CheckKeys, ATiedKeyLeftOutIsTiedNotMissing) {
   StateDict untied;
   untied.insert("embed.weight", storage.view({2, 3}));
   untied.insert("head.weight", storage.view({2, 3}).clone());
-  EXPECT_THAT(check_keys(key_infos(saved), key_infos(untied)).missing,
-              ElementsAre("head.weight"));
+  EXPECT_THAT(check_keys(key_infos(saved), key_infos(untied)).missing, ElementsAre("head.weight"));
 }
 
 TEST(CheckKeys, KeysThatCannotLoadAsSavedMakeTheCheckpointBroken) {
@@ -154,7 +153,8 @@ TEST(CheckKeys, KeysThatCannotLoadAsSavedMakeTheCheckpointBroken) {
   Checkpoint zero3;
   zero3.state.insert("embed.weight", torch::zeros({0}));
   zero3.state.insert("steps", torch::zeros({1}));
-  EXPECT_EQ(scan_keys(key_infos(zero3)).status, KeyStatus::kClean);  // no DeepSpeed: an empty buffer
+  EXPECT_EQ(scan_keys(key_infos(zero3)).status,
+            KeyStatus::kClean);  // no DeepSpeed: an empty buffer
   zero3.other_entries = {"ds_version", "param_shapes"};
   report = scan_keys(key_infos(zero3));
   EXPECT_EQ(report.status, KeyStatus::kBroken);

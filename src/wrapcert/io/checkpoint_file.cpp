@@ -154,9 +154,9 @@ bool is_shard_name(const std::string& name) {
 /// What trainers save beside the weights (Transformers' Trainer, Accelerate, DeepSpeed,
 /// Lightning): never shards of the model.
 bool is_training_state(const std::string& name) {
-  static const std::set<std::string> names = {
-      "optimizer.pt", "optimizer.bin", "scheduler.pt",     "scheduler.bin",
-      "scaler.pt",    "scaler.bin",    "training_args.bin"};
+  static const std::set<std::string> names = {"optimizer.pt",     "optimizer.bin", "scheduler.pt",
+                                              "scheduler.bin",    "scaler.pt",     "scaler.bin",
+                                              "training_args.bin"};
   return names.count(name) > 0 || (name.rfind("rng_state", 0) == 0 && ends_with(name, ".pth")) ||
          (name.rfind("optimizer", 0) == 0 && is_shard_name(name)) ||
          ends_with(name, "optim_states.pt");
@@ -479,8 +479,9 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions&
   if (is_index_name(path)) return read_index(path, options);
   if (ends_with(path, ".distcp")) {
     throw Error(ErrorCode::kUnsupported, "",
-                path + ": one file of a torch.distributed.checkpoint folder, which holds pieces "
-                       "of tensors that only the folder's .metadata names; name the folder");
+                path +
+                    ": one file of a torch.distributed.checkpoint folder, which holds pieces "
+                    "of tensors that only the folder's .metadata names; name the folder");
   }
   return read_file(path, options);
 }

@@ -56,11 +56,11 @@ struct Checkpoint {
 /// or when there is none every `*.bin`, `*.pt`, `*.pth` file, in name order, passing over the
 /// training state beside them (`Checkpoint::not_read`) and reading the first of DeepSpeed's
 /// per-rank model states. A `torch.distributed.checkpoint` folder or `.distcp` file is refused
-/// by name (kUnsupported), with the way to convert it. Throws `Error` naming the file, and the key where there is one: kMalformedInput for a
-/// damaged file, an index whose `weight_map` misses a key of a shard or places it elsewhere, a
-/// key in two shards, or a shard named outside the index's folder; kInvalidArgument for a path
-/// that is missing or not a regular file or folder (FIFOs, devices and sockets are refused by
-/// type before any read).
+/// by name (kUnsupported), with the way to convert it. Throws `Error` naming the file, and the key
+/// where there is one: kMalformedInput for a damaged file, an index whose `weight_map` misses a key
+/// of a shard or places it elsewhere, a key in two shards, or a shard named outside the index's
+/// folder; kInvalidArgument for a path that is missing or not a regular file or folder (FIFOs,
+/// devices and sockets are refused by type before any read).
 Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
 /// Keys grouped by the data they share (one storage at the same offset, shape, strides and

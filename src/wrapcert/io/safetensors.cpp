@@ -229,8 +229,9 @@ void save_safetensors(const std::string& path, const StateDict& state,
   for (const auto& item : state) {
     if (!item.value().defined()) {
       throw Error(ErrorCode::kUnsupported, item.key(),
-                  path + ": a module's extra state that is not a tensor cannot be stored in "
-                         "safetensors; write torch.save (*.pt, *.bin) to keep it");
+                  path +
+                      ": a module's extra state that is not a tensor cannot be stored in "
+                      "safetensors; write torch.save (*.pt, *.bin) to keep it");
     }
     order.push_back(item.key());
     auto identity = detail::saved_identity(item.value());

@@ -519,7 +519,8 @@ class Reader {
 /// A module's `get_extra_state()` result: any object, saved under `..._extra_state`.
 bool is_extra_state(const std::string& key) {
   const std::string_view name = "_extra_state";
-  return key.size() >= name.size() && key.compare(key.size() - name.size(), name.size(), name) == 0 &&
+  return key.size() >= name.size() &&
+         key.compare(key.size() - name.size(), name.size(), name) == 0 &&
          (key.size() == name.size() || key[key.size() - name.size() - 1] == '.');
 }
 

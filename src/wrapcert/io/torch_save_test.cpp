@@ -218,7 +218,10 @@ TEST(TorchSavePickle, RefusesToRenameAKeyWhoseStringIsReferredToAgain) {
 TEST(TorchSavePickle, ExtraStateThatIsNoTensorIsKeptAsAKey) {
   Pickle p;  // {"w": tensor, "block._extra_state": 5, "head._extra_state": b"fp8"}
   p.op("}(").str("w").tensor("0", 4, 0, {4}, {1}).str("block._extra_state").small(5);
-  p.str("head._extra_state").op("C\x03" "fp8").op("u.");
+  p.str("head._extra_state")
+      .op("C\x03"
+          "fp8")
+      .op("u.");
   const auto state = run(p);
   EXPECT_EQ(keys(state),
             std::vector<std::string>({"w", "block._extra_state", "head._extra_state"}));
