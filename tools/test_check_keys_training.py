@@ -409,6 +409,42 @@ def case_distinct_answers(d):
     assert "nothing to do" in out, out
 
 
+def read_safetensors_plain(path):
+    """Every tensor the header promises, as the safetensors library's load_file reads them."""
+    names = {"F32": torch.float32, "I64": torch.int64, "F64": torch.float64}
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, e in header.items():
+        if k == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[k] = torch.frombuffer(bytearray(data[b:end]), dtype=names[e["dtype"]]).reshape(
+            e["shape"])
+    return out, header.get("__metadata__", {})
+
+
+def case_ties_in_safetensors_once_or_as_copies(d):
+    model, _ = trained()
+    model.head.weight = model.embed.weight
+    clean = save_clean(d, model)
+    src = os.path.join(d, "ddp.pt")
+    torch.save(prefixed(model.state_dict(), "module."), src)
+    once = os.path.join(d, "once.safetensors")
+    out = run("check-keys", src, "--against", clean, "--fix", once, want=1)
+    assert "stored once, the other keys left out as Transformers saves them" in out, out
+    tensors, meta = read_safetensors_plain(once)
+    assert "head.weight" not in tensors and "head.weight" in meta["wrapcert.aliases"], meta
+    copy = os.path.join(d, "copy.safetensors")
+    out = run("check-keys", src, "--against", clean, "--fix", copy, "--ties", "copy", want=1)
+    assert "each key stored as its own copy" in out, out
+    tensors, meta = read_safetensors_plain(copy)
+    same(dict(sorted(tensors.items())), dict(sorted(model.state_dict().items())))
+    assert "wrapcert.aliases" not in meta, meta
+
+
 CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")
          and name != "case_in_place_keeps_every_trainer_entry"]
 

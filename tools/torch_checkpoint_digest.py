@@ -5,7 +5,7 @@ wrapcert wrote with the original bit for bit. Needs only Debian's python3-torch.
     /usr/bin/python3 tools/torch_checkpoint_digest.py PATH [--entry a.b]
 
 PATH: a torch.save file (zip or legacy format), a .safetensors file (wrapcert's __metadata__
-`wrapcert.order` and `wrapcert.aliases` honoured: an alias is the very same tensor as its
+`wrapcert.aliases` (and the older `wrapcert.order`) honoured: an alias is the very same tensor as its
 target), or a Hugging Face `*.index.json` (its weight_map and every shard it names).
 --entry a.b picks the state dict inside a nested torch.save dict; without it a root that is not
 a dict of tensors is searched for `state_dict`, `model`, `module`, `model_state_dict`.
@@ -103,7 +103,16 @@ def read_safetensors(path):
             t = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype).reshape(shape)
         stored[key] = t
     if "wrapcert.order" not in meta:
-        return list(stored), stored
+        order, sd = list(stored), dict(stored)
+        # Tied keys stored once: {"alias": ["target", place in the saved order]}.
+        tied = sorted((pos, key, target) for key, (target, pos)
+                      in json.loads(meta.get("wrapcert.aliases", "{}")).items())
+        for pos, key, target in tied:
+            if target not in stored or key in sd or pos > len(order):
+                raise Unreadable(f"'{key}': a damaged alias of '{target}'")
+            order.insert(pos, key)
+            sd[key] = stored[target]  # an alias is the very same tensor object
+        return order, sd
     order = json.loads(meta["wrapcert.order"])
     aliases = json.loads(meta.get("wrapcert.aliases", "{}"))
     sd = {}

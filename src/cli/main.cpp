@@ -222,6 +222,7 @@ struct CheckKeysCli {
   bool fix_given = false;
   bool in_place = false;
   std::string entry;
+  std::string ties = "once";
 };
 
 void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c) {
@@ -314,7 +315,7 @@ int run_check_keys(const CheckKeysCli& o) {
     if (code >= 0) return code;
     report = wrapcert::check_keys(found, expected, wrapcert::Registry::global(), options);
   }
-  std::cout << wrapcert::to_text(report);
+  wrapcert::print(std::cout, report);
   const int verdict = report.status == wrapcert::KeyStatus::kClean    ? 0
                       : report.status == wrapcert::KeyStatus::kBroken ? kExitBroken
                                                                       : kExitFound;
@@ -334,9 +335,20 @@ int run_check_keys(const CheckKeysCli& o) {
     for (const auto& out : outputs) {
       wrapcert::check_destination(out, listing.files(), o.in_place);
     }
-    wrapcert::write_fixed_checkpoint(destination, listing, report.translation);
+    wrapcert::CheckpointWriteOptions write;
+    write.tie_copies = o.ties == "copy";
+    wrapcert::write_fixed_checkpoint(destination, listing, report.translation, write);
   });
   if (code >= 0) return code;
+  const bool safetensors =
+      wrapcert::format_for(outputs.back()) == wrapcert::CheckpointFormat::kSafetensors;
+  if (safetensors && !report.ties.empty()) {
+    std::cout << (o.ties == "copy"
+                      ? "ties in safetensors: each key stored as its own copy (--ties copy)\n"
+                      : "ties in safetensors: stored once, the other keys left out as "
+                        "Transformers saves them and listed in __metadata__ "
+                        "(wrapcert.aliases); --ties copy stores copies\n");
+  }
   if (report.status == wrapcert::KeyStatus::kClean) {
     std::cout << "nothing to fix: the keys are already the model's; written in the format "
                  "asked for\n";
@@ -574,6 +586,12 @@ int main(int argc, char** argv) {
       "--fix", check.fix,
       "write the translated checkpoint here, atomically: *.safetensors, or *.pt/*.pth/*.bin/*.ckpt "
       "for torch.save; a sharded one to an *.index.json or a folder");
+  check_cmd
+      ->add_option("--ties", check.ties,
+                   "tied keys in safetensors output: once (stored once, the others listed, as "
+                   "Transformers leaves them out) or copy (each its own copy)")
+      ->check(CLI::IsMember({"once", "copy"}))
+      ->capture_default_str();
   check_cmd->add_flag("--in-place", check.in_place,
                       "write the translated checkpoint over the checked one (atomically)");
   check_cmd->callback([&] {

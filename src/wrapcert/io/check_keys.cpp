@@ -230,8 +230,7 @@ KeyReport scan_keys(const std::vector<KeyInfo>& found, const Registry& registry)
   return report;
 }
 
-std::string to_text(const KeyReport& r) {
-  std::ostringstream out;
+void print(std::ostream& out, const KeyReport& r) {
   out << "status: " << to_string(r.status) << "\n";
   auto section = [&out](const char* title, const std::vector<std::string>& items) {
     if (items.empty()) return;
@@ -266,6 +265,11 @@ std::string to_text(const KeyReport& r) {
     out << "tied keys left out, as Transformers saves them (" << r.tied_left_out.size() << "):\n";
     for (const auto& [key, to] : r.tied_left_out) out << "  " << key << " = " << to << "\n";
   }
+}
+
+std::string to_text(const KeyReport& r) {
+  std::ostringstream out;
+  print(out, r);
   return out.str();
 }
 

@@ -11,6 +11,7 @@
 #include <wrapcert/registry.h>
 #include <wrapcert/view.h>
 
+#include <iosfwd>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,9 @@ KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInf
 KeyReport scan_keys(const std::vector<KeyInfo>& found,
                     const Registry& registry = Registry::global());
 
+/// The report as `check-keys` prints it, written to `out` as it goes (a report of 300,000 keys
+/// is not built in memory first).
+void print(std::ostream& out, const KeyReport& report);
 std::string to_text(const KeyReport& report);
 
 /// The keys of a key listing (what `--keys` reads): one key per line; what follows a space or

@@ -331,9 +331,11 @@ std::pair<std::string, CheckpointFormat> index_destination(const std::string& de
 }
 
 void write_one(const std::string& path, CheckpointFormat format, const StateDict& state,
+               const CheckpointWriteOptions& options,
                const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
   if (format == CheckpointFormat::kSafetensors) {
-    save_safetensors(path, state, metadata);
+    save_safetensors(path, state, metadata,
+                     options.tie_copies ? SafetensorsTies::kCopy : SafetensorsTies::kStoreOnce);
   } else {
     save_torch_save(path, state);
   }
@@ -573,7 +575,7 @@ void write_checkpoint(const std::string& destination, const Checkpoint& checkpoi
                       const CheckpointWriteOptions& options) {
   const auto files = planned_files(destination, checkpoint);
   if (files.size() == 1) {
-    write_one(destination, format_for(destination), checkpoint.state);
+    write_one(destination, format_for(destination), checkpoint.state, options);
     if (options.on_file) options.on_file(destination);
     return;
   }
@@ -584,7 +586,7 @@ void write_checkpoint(const std::string& destination, const Checkpoint& checkpoi
       [&](size_t s, const std::string& path) {
         StateDict part;
         for (const auto& key : checkpoint.shards[s].keys) part.insert(key, checkpoint.state[key]);
-        write_one(path, format, part);
+        write_one(path, format, part, options);
       },
       [&](const std::vector<std::string>& names) { return index_text("", where, names, total); },
       options);
@@ -618,7 +620,7 @@ void write_fixed_checkpoint(const std::string& destination, const Checkpoint& so
       for (const auto& item : part.state) state.insert(renamed(item.key()), item.value());
       if (source.format == "safetensors" && first == last) metadata = kept_metadata(file);
     }
-    write_one(path, format, state, metadata);
+    write_one(path, format, state, options, metadata);
   };
   if (one_file) {
     write_part(0, source.shards.size() - 1, destination);

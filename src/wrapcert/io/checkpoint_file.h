@@ -89,6 +89,9 @@ struct CheckpointWriteOptions {
   /// Called with each path once it is written or moved into place, in order (progress; a test
   /// stops a run at each step and checks that the checkpoint still loads).
   std::function<void(const std::string& path)> on_file;
+  /// In safetensors, store every key of a tie as its own copy, where by default a tie is stored
+  /// once and the other keys listed (see `save_safetensors`).
+  bool tie_copies = false;
 };
 
 /// Writes `checkpoint.state` to `destination` in the format its name asks for; a sharded

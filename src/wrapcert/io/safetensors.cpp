@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -21,7 +22,7 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxHeader = uint64_t{100} * 1024 * 1024;  // what Hugging Face's reader accepts
+constexpr uint64_t kMaxHeader = 100'000'000;  // what the safetensors library accepts
 
 const std::vector<std::pair<std::string, c10::ScalarType>>& dtypes() {
   static const std::vector<std::pair<std::string, c10::ScalarType>> table = {
@@ -154,13 +155,40 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
                                                             const std::string& path) {
   std::vector<std::pair<std::string, std::string>> out;
   const auto order = header.metadata.find("wrapcert.order");
+  const auto aliases = header.metadata.find("wrapcert.aliases");
   if (order == header.metadata.end()) {
     for (const auto& e : header.tensors) out.emplace_back(e.key, e.key);
+    if (aliases == header.metadata.end()) return out;
+    // Tied keys stored once: {"alias": ["target", place in the saved order], ...}.
+    std::unordered_set<std::string> stored, listed;
+    for (const auto& e : header.tensors) stored.insert(e.key);
+    std::vector<std::tuple<size_t, std::string, std::string>> tied;
+    try {
+      const auto alias = nlohmann::json::parse(aliases->second);
+      if (!alias.is_object()) throw damaged(path, "__metadata__", "wrapcert.aliases is no object");
+      for (const auto& [key, value] : alias.items()) {
+        if (!value.is_array() || value.size() != 2 || !value[0].is_string() ||
+            !value[1].is_number_unsigned()) {
+          throw damaged(path, key, "a wrapcert alias is not [target, position]");
+        }
+        const auto target = value[0].get<std::string>();
+        if (!stored.count(target)) throw damaged(path, key, "an alias of a tensor the file lacks");
+        if (stored.count(key)) throw damaged(path, key, "both stored and listed as an alias");
+        tied.emplace_back(value[1].get<size_t>(), key, target);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
+    }
+    std::sort(tied.begin(), tied.end());
+    for (const auto& [position, key, target] : tied) {
+      if (position > out.size()) throw damaged(path, key, "an alias placed past the last key");
+      out.insert(out.begin() + static_cast<std::ptrdiff_t>(position), {key, target});
+    }
     return out;
   }
+  // Files written by earlier versions: every key in `wrapcert.order`, aliases as key -> target.
   std::unordered_set<std::string> stored;
   for (const auto& e : header.tensors) stored.insert(e.key);
-  const auto aliases = header.metadata.find("wrapcert.aliases");
   std::unordered_set<std::string> seen;
   try {
     const auto keys = nlohmann::json::parse(order->second);
@@ -218,14 +246,19 @@ StateDict list_safetensors(const std::string& path) {
 }
 
 void save_safetensors(const std::string& path, const StateDict& state,
-                      const std::map<std::string, std::string>& metadata) {
-  ordered_json header = ordered_json::object();
-  nlohmann::json order = nlohmann::json::array();
-  nlohmann::json aliases = nlohmann::json::object();
+                      const std::map<std::string, std::string>& metadata, SafetensorsTies ties) {
+  // Keys go in saved order, appended (an ordered object's operator[] searches the keys before
+  // it: quadratic). A tied key stored once is listed in `wrapcert.aliases` with its target and
+  // its place in the saved order, so the header holds every other key once.
+  ordered_json entries = ordered_json::object();
+  auto& entry_list = *entries.get_ptr<ordered_json::object_t*>();
+  entry_list.reserve(state.size() + 1);
+  nlohmann::ordered_json aliases = nlohmann::ordered_json::object();
+  auto& alias_list = *aliases.get_ptr<nlohmann::ordered_json::object_t*>();
   std::map<detail::SavedIdentity, std::string> first_key;
   std::vector<torch::Tensor> blobs;
   uint64_t offset = 0;
-  ordered_json entries = ordered_json::object();
+  size_t position = 0;
   for (const auto& item : state) {
     if (!item.value().defined()) {
       throw Error(ErrorCode::kUnsupported, item.key(),
@@ -233,13 +266,15 @@ void save_safetensors(const std::string& path, const StateDict& state,
                       ": a module's extra state that is not a tensor cannot be stored in "
                       "safetensors; write torch.save (*.pt, *.bin) to keep it");
     }
-    order.push_back(item.key());
-    auto identity = detail::saved_identity(item.value());
-    if (auto it = first_key.find(identity); it != first_key.end()) {
-      aliases[item.key()] = it->second;  // a tied weight: stored once
-      continue;
+    const size_t here = position++;
+    if (ties == SafetensorsTies::kStoreOnce) {
+      auto identity = detail::saved_identity(item.value());
+      if (auto it = first_key.find(identity); it != first_key.end()) {
+        alias_list.emplace_back(item.key(), nlohmann::ordered_json::array({it->second, here}));
+        continue;  // a tied weight: stored once
+      }
+      first_key.emplace(std::move(identity), item.key());
     }
-    first_key.emplace(std::move(identity), item.key());
     if (item.value().is_meta()) {
       throw Error(ErrorCode::kInvalidArgument, item.key(),
                   "a tensor on the meta device has no data to save");
@@ -254,20 +289,30 @@ void save_safetensors(const std::string& path, const StateDict& state,
                       "; write torch.save (*.pt, *.bin) to keep it");
     }
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    entries[item.key()] = {{"dtype", name->first},
-                           {"shape", t.sizes().vec()},
-                           {"data_offsets", {offset, offset + bytes}}};
+    entry_list.emplace_back(item.key(), ordered_json{{"dtype", name->first},
+                                                     {"shape", t.sizes().vec()},
+                                                     {"data_offsets", {offset, offset + bytes}}});
     offset += bytes;
     blobs.push_back(t);
   }
   ordered_json meta = ordered_json::object();
   for (const auto& [k, v] : metadata) meta[k] = v;
-  meta["wrapcert.order"] = order.dump();
-  if (!aliases.empty()) meta["wrapcert.aliases"] = aliases.dump();
-  header["__metadata__"] = meta;
-  for (const auto& [k, v] : entries.items()) header[k] = v;
-  std::string text = header.dump();
+  if (!alias_list.empty()) meta["wrapcert.aliases"] = aliases.dump();
+  std::string text = "{\"__metadata__\":" + meta.dump();
+  for (const auto& [key, value] : entry_list) {
+    text += ',';
+    text += ordered_json(key).dump();
+    text += ':';
+    text += value.dump();
+  }
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section, as HF does
+  if (text.size() > kMaxHeader) {
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": the header would take " + std::to_string(text.size()) +
+                    " bytes, over the " + std::to_string(kMaxHeader) +
+                    " that safetensors readers accept; write torch.save, or more shards");
+  }
 
   write_file_atomically(path, [&](std::ostream& out) {
     uint64_t length = text.size();

@@ -34,9 +34,10 @@ struct SafetensorsHeader {
 };
 
 /// Reads and validates the header: a regular file (a FIFO, device or directory is refused before
-/// any read), length within the file and the 100 MiB limit, JSON that parses and names no key
-/// twice, known dtypes, non-negative shapes, offsets matching each tensor's size, and tensors
-/// that tile the data section: no overlap, no gap, no bytes after the last one.
+/// any read), length within the file and the 100,000,000-byte limit of the safetensors library,
+/// JSON that parses and names no key twice, known dtypes, non-negative shapes, offsets matching
+/// each tensor's size, and tensors that tile the data section: no overlap, no gap, no bytes after
+/// the last one.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
 /// Every key the file was saved with, in order, paired with the key its data is stored under
@@ -54,11 +55,20 @@ StateDict list_safetensors(const std::string& path);
 
 /// Writes `state` the way Hugging Face does: a tensor shared by several keys (a tied weight: one
 /// storage at the same offset with the same shape, strides and dtype, as `torch.save` keeps it)
-/// is stored once, under its first key; the others are recorded as aliases in `__metadata__`,
-/// so `load_safetensors` gives them back as one tensor. Other views are stored as contiguous
-/// copies of their values.
+/// is stored once, under its first key, and the others are left out, as Transformers saves a
+/// tied head, and listed in `__metadata__` (`wrapcert.aliases`: key -> [stored key, place in
+/// the saved order]) so `load_safetensors` gives them back as one tensor; with
+/// `SafetensorsTies::kCopy` each is stored as a copy. Keys are written in saved order; other
+/// views are stored as contiguous copies of their values. A header over the 100,000,000 bytes
+/// the safetensors library accepts is refused (kUnsupported) before anything is written.
 /// Written through a temporary file and a rename, so a reader never sees half a file.
+enum class SafetensorsTies {
+  kStoreOnce,  ///< a tied key stored once, the others listed (Transformers leaves them out)
+  kCopy,       ///< every key stored, tied ones as copies: any reader gives every key back
+};
+
 void save_safetensors(const std::string& path, const StateDict& state,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      SafetensorsTies ties = SafetensorsTies::kStoreOnce);
 
 }  // namespace wrapcert

@@ -101,7 +101,7 @@ TEST_F(Safetensors, RejectsWhatTheSafetensorsLibraryRejects) {
           4),
       "__metadata__.format", "twice");
   expect_damaged(raw("{}", 0, uint64_t{200} * 1024 * 1024), "",
-                 "header length 209715200 exceeds the limit of 104857600 bytes");
+                 "header length 209715200 exceeds the limit of 100000000 bytes");
   expect_damaged(raw(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 6), "",
                  "2 bytes follow the last tensor's data");
   expect_damaged(raw(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "w",
@@ -128,6 +128,57 @@ TEST_F(Safetensors, ATieIsOneStorageAtOneOffsetEvenAcrossTensorObjects) {
   const auto loaded = load_safetensors(path("tied.safetensors"));
   EXPECT_TRUE(loaded["head.weight"].is_same(loaded["embed.weight"]));
   EXPECT_TRUE(loaded["half"].equal(storage.narrow(0, 3, 3)));
+}
+
+TEST_F(Safetensors, KeepsTheSavedOrderWithEveryKeyWrittenOnce) {
+  const auto storage = torch::arange(6, torch::kFloat);
+  StateDict state;
+  state.insert("z.embed", storage.view({2, 3}));
+  state.insert("b.head", storage.view({2, 3}));  // tied, in the middle of the order
+  state.insert("a.norm", torch::ones({3}));
+  save_safetensors(path("m.safetensors"), state, {{"format", "pt"}, {"step", "12"}});
+  const auto header = read_safetensors_header(path("m.safetensors"));
+  EXPECT_EQ(header.metadata.count("wrapcert.order"), 0u) << "no second copy of every key";
+  EXPECT_EQ(header.metadata.at("wrapcert.aliases"), R"({"b.head":["z.embed",1]})");
+  EXPECT_EQ(header.metadata.at("step"), "12");
+  ASSERT_EQ(header.tensors.size(), 2u);
+  EXPECT_EQ(header.tensors[0].key, "z.embed");  // saved order, not sorted
+  EXPECT_EQ(keys(load_safetensors(path("m.safetensors"))),
+            std::vector<std::string>({"z.embed", "b.head", "a.norm"}));
+}
+
+TEST_F(Safetensors, TiesStoredAsCopiesAreEveryKeyForAnyReader) {
+  const auto storage = torch::arange(6, torch::kFloat);
+  StateDict state;
+  state.insert("embed", storage.view({2, 3}));
+  state.insert("head", storage.view({2, 3}));
+  save_safetensors(path("c.safetensors"), state, {}, SafetensorsTies::kCopy);
+  const auto header = read_safetensors_header(path("c.safetensors"));
+  EXPECT_EQ(header.tensors.size(), 2u);
+  EXPECT_EQ(header.metadata.count("wrapcert.aliases"), 0u);
+  const auto loaded = load_safetensors(path("c.safetensors"));
+  EXPECT_TRUE(loaded["head"].equal(loaded["embed"]));
+  EXPECT_FALSE(loaded["head"].is_same(loaded["embed"]));
+}
+
+TEST_F(Safetensors, AHeaderOverTheLibrarysLimitIsRefusedBeforeAnythingIsWritten) {
+  StateDict state;  // 48,000 keys of 2,100 characters: a header of about 105 MB
+  const std::string stem(2100, 'k');
+  const auto empty = torch::empty({0});
+  for (int i = 0; i < 48000; ++i) state.insert(stem + std::to_string(i), empty.clone());
+  EXPECT_THAT([&] { save_safetensors(path("big.safetensors"), state); },
+              ThrowsError(ErrorCode::kUnsupported, "", HasSubstr("over the 100000000")));
+  EXPECT_FALSE(fs::exists(path("big.safetensors")));
+}
+
+TEST_F(Safetensors, DamagedAliasesAreNamed) {
+  const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  auto file = raw(R"({"__metadata__":{"wrapcert.aliases":"{\"h\":[\"x\",0]}"},)" + w + "}", 4);
+  EXPECT_THAT([&] { (void)load_safetensors(file); },
+              ThrowsError(ErrorCode::kMalformedInput, "h", HasSubstr("lacks")));
+  file = raw(R"({"__metadata__":{"wrapcert.aliases":"{\"h\":[\"w\",5]}"},)" + w + "}", 4);
+  EXPECT_THAT([&] { (void)load_safetensors(file); },
+              ThrowsError(ErrorCode::kMalformedInput, "h", HasSubstr("past the last key")));
 }
 
 }  // namespace
