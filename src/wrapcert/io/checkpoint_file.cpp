@@ -580,7 +580,9 @@ void write_checkpoint(const std::string& destination, const Checkpoint& checkpoi
     return;
   }
   const auto format = index_destination(destination, checkpoint).second;
-  const auto [where, total] = placement(checkpoint, [](const std::string& k) { return k; });
+  const auto placed = placement(checkpoint, [](const std::string& k) { return k; });
+  const auto& where = placed.first;
+  const uint64_t total = placed.second;
   commit_sharded(
       files,
       [&](size_t s, const std::string& path) {
@@ -627,7 +629,9 @@ void write_fixed_checkpoint(const std::string& destination, const Checkpoint& so
     if (options.on_file) options.on_file(destination);
     return;
   }
-  const auto [where, total] = placement(source, renamed);
+  const auto placed = placement(source, renamed);
+  const auto& where = placed.first;
+  const uint64_t total = placed.second;
   commit_sharded(
       files, [&](size_t s, const std::string& path) { write_part(s, s, path); },
       [&](const std::vector<std::string>& names) {
