@@ -409,6 +409,8 @@ struct CertifyOptions {
   std::string junit;
   bool quiet = false;
   std::vector<std::string> plugins;
+  std::vector<std::string> dtypes;
+  std::vector<std::string> properties;
   int timeout = wrapcert::certify::Options{}.timeout_seconds;
   bool in_process = false;
 };
@@ -417,7 +419,8 @@ struct CertifyOptions {
 wrapcert::certify::Listener console_listener(bool quiet) {
   return [quiet](const wrapcert::certify::Entry& e, bool done) {
     if (quiet) return;
-    const std::string name = e.kind + "." + e.property + " [" + e.target + "]";
+    const std::string name =
+        e.kind + "." + e.property + " [" + wrapcert::certify::target_label(e) + "]";
     if (!done) {
       std::cout << "[ RUN      ] " << name << std::endl;
       return;
@@ -471,6 +474,13 @@ int run_certify(const CertifyOptions& o) {
   options.seed = o.seed;
   options.timeout_seconds = o.timeout;
   options.isolate = !o.in_process;
+  options.plugins = o.plugins;
+  options.properties = o.properties;
+  for (const auto& name : o.dtypes) {
+    for (const auto dtype : wrapcert::gen::kAllDtypes) {
+      if (name == wrapcert::gen::to_string(dtype)) options.dtypes.push_back(dtype);
+    }
+  }
   const auto report = wrapcert::certify::run(options, console_listener(o.quiet));
   return write_reports(report, o.markdown, o.json, o.junit);
 }
@@ -621,6 +631,16 @@ int main(int argc, char** argv) {
                           "<wrapcert/plugin.h>) to load first; repeatable");
   certify_cmd->add_option("--fixtures", certify.fixtures, "fixtures")
       ->check(CLI::IsMember(fixture_names));
+  certify_cmd
+      ->add_option("--dtypes", certify.dtypes,
+                   "dtypes P4, P13 and P14 run in, each a row (default: all: float64, float32, "
+                   "bfloat16, float16); comma-separated or repeated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
+  certify_cmd
+      ->add_option("--properties", certify.properties,
+                   "properties to run, P1 to P16 (default: all); comma-separated or repeated")
+      ->delimiter(',');
   certify_cmd->add_option("--subject", certify.subject, "unwrap subject")
       ->check(CLI::IsMember({"reference", "legacy", "duck_typed"}));
   certify_cmd->add_option("--cases", certify.cases, "generated cases per property")

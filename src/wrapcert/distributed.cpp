@@ -73,6 +73,14 @@ int ProcessGroup::size() const {
 }
 
 void ProcessGroup::all_reduce_sum(torch::Tensor& tensor) {
+  if (tensor.scalar_type() == torch::kBFloat16) {
+    // Gloo in LibTorch 1.13 reduces no bfloat16: summed in float32 and rounded once (one rank's
+    // gradient comes back bit for bit).
+    std::vector<torch::Tensor> wide{tensor.to(torch::kFloat)};
+    impl_->group->allreduce(wide)->wait();
+    tensor.copy_(wide[0]);
+    return;
+  }
   std::vector<torch::Tensor> tensors{tensor};
   impl_->group->allreduce(tensors)->wait();
 }

@@ -5,10 +5,35 @@
 #include <wrapcert/layer.h>
 #include <wrapcert/registry.h>
 
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace wrapcert {
+namespace {
+
+/// The parameters some `FlatParameters` holds now, process-wide: a parameter another unit holds
+/// (tied across units) stays with that unit.
+struct Taken {
+  std::mutex mutex;
+  std::unordered_set<const void*> impls;
+};
+Taken& taken() {
+  static auto* t = new Taken;  // never destroyed: used from destructors
+  return *t;
+}
+
+}  // namespace
+
+FlatParameters::~FlatParameters() {
+  forget();
+}
+
+void FlatParameters::forget() {
+  auto& t = taken();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  for (const auto& piece : pieces_) t.impls.erase(piece.original.unsafeGetTensorImpl());
+}
 
 void FlatParameters::take(torch::nn::Module& holder, std::string name,
                           const std::shared_ptr<torch::nn::Module>& inner,
@@ -30,6 +55,12 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
       if (!skip || !skip(*children[i].value())) stack.push_back(children[i].value());
     }
   }
+  std::unordered_set<const void*> elsewhere;  // held by another unit now
+  {
+    auto& t = taken();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    elsewhere = t.impls;
+  }
   std::unordered_map<const void*, int64_t> offsets;  // a tied parameter is stored once
   std::vector<torch::Tensor> parts;
   std::vector<Piece> pieces;
@@ -41,6 +72,9 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
       if (!p.value().defined()) continue;
       if (kind && kind->owns(p.key())) continue;  // a nested wrapper's own (flat) state
       const auto& t = p.value();
+      // Tied to a parameter another unit holds: it stays with that unit, and this module keeps
+      // it registered (its values are that unit's; its gradient is its own plus that unit's).
+      if (elsewhere.count(t.unsafeGetTensorImpl())) continue;
       if (!parts.empty() && (t.scalar_type() != parts.front().scalar_type() ||
                              t.device() != parts.front().device())) {
         throw Error(ErrorCode::kInvalidArgument, p.key(),
@@ -69,10 +103,13 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
   holder_ = &holder;
   name_ = std::move(name);
   pieces_ = std::move(pieces);
+  auto& t = taken();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  for (const auto& piece : pieces_) t.impls.insert(piece.original.unsafeGetTensorImpl());
 }
 
 torch::Tensor FlatParameters::flat() const {
-  if (!holding()) throw Error(ErrorCode::kInvalidArgument, "", "holds no flat parameters");
+  if (!holding()) return {};
   return holder_->named_parameters(/*recurse=*/false)[name_];
 }
 
@@ -99,6 +136,7 @@ void FlatParameters::restore() {
     detail::drop_held_parameters(*piece.owner);
   }
   detail::erase_parameter(*holder_, name_);
+  forget();
   pieces_.clear();
   holder_ = nullptr;
 }

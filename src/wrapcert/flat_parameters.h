@@ -45,9 +45,16 @@ class FlatParameters {
     int64_t offset = 0;
   };
 
+  FlatParameters() = default;
+  FlatParameters(const FlatParameters&) = delete;
+  FlatParameters& operator=(const FlatParameters&) = delete;
+  ~FlatParameters();
+
   /// Takes the parameters of `inner`'s subtree (each module once; a tied tensor stored once),
   /// not entering modules for which `skip` is true and leaving out what a nested wrapper of a
-  /// registered kind declares as its own state (its flat tensor), and registers the flat tensor on
+  /// registered kind declares as its own state (its flat tensor) and what another
+  /// `FlatParameters` holds now (a tie across units stays with the unit that took it first: the
+  /// module here keeps it registered), and registers the flat tensor on
   /// `holder` as `name`. The originals become views of it, so their values follow it. Throws
   /// `Error` (kInvalidArgument, naming the key) when dtypes or devices differ, or when already
   /// holding.
@@ -58,7 +65,8 @@ class FlatParameters {
   /// Holds a flat tensor now (taken, not yet restored).
   bool holding() const { return holder_ != nullptr; }
   const std::vector<Piece>& pieces() const { return pieces_; }
-  /// The flat tensor registered on the holder.
+  /// The flat tensor registered on the holder; undefined when not holding (nothing taken, or
+  /// restored).
   torch::Tensor flat() const;
 
   /// While alive, views of the flat tensor stand where the originals were registered, so a
@@ -84,6 +92,9 @@ class FlatParameters {
   void restore();
 
  private:
+  /// Drops this unit's pieces from the process-wide record of held parameters.
+  void forget();
+
   torch::nn::Module* holder_ = nullptr;
   std::string name_;
   std::vector<Piece> pieces_;

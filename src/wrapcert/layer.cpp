@@ -57,7 +57,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(saved);
     torch::NoGradGuard no_grad;
-    return call_direct(*module, input);
+    // A tensor of this node's own: were the output one the module keeps (a cache) or its input,
+    // autograd would make this node its producer, and the recomputation in backward would
+    // differentiate through this very node, waiting on the lock it holds.
+    return call_direct(*module, input).clone();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {

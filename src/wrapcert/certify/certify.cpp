@@ -4,6 +4,7 @@
 #include <wrapcert/certify/properties.h>
 #include <wrapcert/detail/blame.h>
 #include <wrapcert/error.h>
+#include <wrapcert/gen/build.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/state_dict.h>
 #include <wrapcert/wrap.h>
@@ -19,6 +20,8 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -26,6 +29,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -36,6 +40,13 @@ using props::Verdict;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kGenerated = "generated trees";
+
+/// In a check's child process, where it says which case runs now (so that a hang names it).
+int g_progress_fd = -1;
+
+/// One frame to the parent: a tag ('c' the case running now, 'v' the verdict), the length, the
+/// bytes.
+void write_frame(int fd, char tag, const std::string& bytes);
 constexpr const char* kDeepChain = "10,000-deep chain";
 
 /// Who threw (as noted while the model ran or was built, else the unwrap subject) and the
@@ -54,27 +65,47 @@ Entry new_entry(const std::string& kind, const std::string& property, const std:
   return entry;
 }
 
+/// Whether the model `spec` builds holds a wrapper of `kind` (a kind or `Kind[mode]`): built, as
+/// a spec names wrappers the builder may leave out (a skipped node, a list's own stack).
+bool holds(const gen::TreeSpec& spec, const std::string& kind) {
+  try {
+    const auto built = gen::build(spec);
+    return std::find(built.kinds.begin(), built.kinds.end(), kind) != built.kinds.end();
+  } catch (const std::exception&) {
+    (void)detail::take_blame();
+    return false;  // it does not build: the check could not run it either
+  }
+}
+
 Entry run_generated(const std::string& kind, const props::GeneratedProperty& property,
                     const props::UnwrapSubject& subject, const props::Translator& translator,
-                    const Options& options) {
+                    const Options& options, std::optional<gen::Dtype> dtype) {
   Entry entry = new_entry(kind, property.name, kGenerated);
+  if (dtype) entry.dtype = gen::to_string(*dtype);
   const auto start = Clock::now();
   gen::GenOptions g;
-  // The certified kind is drawn as often as all built-in kinds together; other kinds the
-  // process registered (a plugin's siblings) are not drawn.
-  g.kinds = Registry::with_builtins().names();
+  // The certified kind is drawn as often as all built-in kinds and modes together; other kinds
+  // the process registered (a plugin's siblings) are not drawn.
+  g.kinds = Registry::with_builtins().names_with_modes();
   const size_t others = g.kinds.size();
   for (size_t i = 0; i < others; ++i) g.kinds.push_back(kind);
+  if (dtype) {
+    g.dtypes = {*dtype};
+    g.eval_mode = true;
+  }
   property.adjust(g);
   const auto trees = gen::trees(g);
   auto shrunk = std::make_shared<gen::TreeSpec>();
   auto verdict = std::make_shared<Verdict>();
   auto runs = std::make_shared<int>(0);
+  auto in_mode = std::make_shared<std::array<int, 2>>();  // exercised in training, in eval mode
   const auto result = detail::check_quietly(
       kind + "." + property.name, options.seed, options.cases, options.max_size, [&] {
         const auto spec = *trees;
+        if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(spec));
         const auto v = property.check(spec, subject, translator);
         ++*runs;
+        if (!v.skipped && holds(spec, kind)) ++(*in_mode)[spec.eval ? 1 : 0];
         if (!v.passed) {
           *shrunk = spec;  // shrinking accepts smaller failures in turn: the last is the minimum
           *verdict = v;
@@ -83,6 +114,15 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
         RC_ASSERT(v.passed);
       });
   entry.cases = *runs;
+  if (property.wraps) {
+    entry.exercised = (*in_mode)[0] + (*in_mode)[1];
+    entry.coverage = std::to_string(entry.exercised) + " of " + std::to_string(entry.cases) +
+                     " cases held " + kind;
+    if (dtype) {
+      entry.coverage += " (" + std::to_string((*in_mode)[0]) + " in training mode, " +
+                        std::to_string((*in_mode)[1]) + " in eval mode)";
+    }
+  }
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;
   if (result.match(failure)) {
@@ -90,6 +130,12 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
     entry.reason = verdict->reason.empty() ? failure.description : verdict->reason;
     entry.key = verdict->key;
     entry.counterexample = gen::describe(*shrunk, verdict->key);
+  } else if (entry.exercised == 0) {
+    // A property the kind must satisfy that never ran on it proves nothing about it.
+    entry.status = Status::kFailed;
+    entry.reason = "not exercised: none of the " + std::to_string(entry.cases) +
+                   " cases that ran this check held a " + kind +
+                   " (raise --cases, or see why its cases were skipped)";
   } else if (result.match(gave_up)) {
     entry.status = Status::kSkipped;
     entry.reason = "too few generated cases apply: " + gave_up.description;
@@ -189,83 +235,112 @@ Entry run_layout(const std::string& kind, const Model& config, const props::Unwr
   return entry;
 }
 
-/// P4 on a tiny fixture in double: through every wrapper and through none.
+/// P4 on a tiny fixture in `dtype`, in training and in eval mode, each on a first and a
+/// repeated call: through every wrapper (gradients of flat-held parameters taken from their
+/// part of the flat gradient) and through none.
 Entry run_numerics(const std::string& kind, const Model& config,
-                   const props::UnwrapSubject& subject) {
+                   const props::UnwrapSubject& subject, gen::Dtype dtype) {
   Entry entry = new_entry(kind, "P4 backward", config.name);
+  entry.dtype = gen::to_string(dtype);
   const auto start = Clock::now();
-  entry.cases = 1;
   (void)detail::take_blame();
   const auto ref = Registry::global().resolve(kind);
   auto finish = [&] {
     entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return entry;
   };
-  const auto numerics = ref.numerics();
-  if (numerics == Numerics::kChangesOutput || numerics == Numerics::kNeedsRelease) {
+  auto failed = [&](std::string reason) {
+    entry.status = Status::kFailed;
+    entry.reason = std::move(reason);
+    return finish();
+  };
+  if (dtype == gen::Dtype::kFloat16) {
     entry.status = Status::kSkipped;
-    entry.reason = numerics == Numerics::kChangesOutput
-                       ? "the kind changes outputs by design"
-                       : "the kind needs release before its inner module computes (P14 runs it "
-                         "released)";
+    entry.reason =
+        "LibTorch 1.13 has no CPU kernels for float16 matrix products, softmax or rsqrt (the "
+        "fixtures' layers); the generated trees cover float16";
     return finish();
   }
-  const double tol = numerics == Numerics::kTolerance ? ref.kind->tolerance : 0.0;
-  auto close = [tol](const torch::Tensor& a, const torch::Tensor& b) {
-    return tol == 0.0 ? a.equal(b) : torch::allclose(a, b, tol, tol);
+  const auto numerics = ref.numerics();
+  const double tol =
+      numerics == Numerics::kTolerance ? ref.kind->tolerance * gen::epsilon(dtype) : 0.0;
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b, double tolerance) {
+    return a.defined() && b.defined() && a.scalar_type() == b.scalar_type() &&
+           a.sizes() == b.sizes() &&
+           (tolerance == 0.0 ? a.equal(b) : torch::allclose(a, b, tolerance, tolerance));
   };
+  const auto type = gen::scalar_type(dtype);
   try {
     const auto ids = torch::tensor({{3, 1, 4, 1, 5, 9}}, torch::kLong);
-    auto plain = config.build(c10::kCPU, c10::kDouble);
-    auto expected = call(*plain, ids);
-    expected.pow(2).mean().backward();
-    auto model = config.build(c10::kCPU, c10::kDouble);
-    const auto params = model->named_parameters();  // before wrapping: the clean keys
-    auto wrapped = wrap_fixture(model, config, kind);
-    auto wrappers = wrappers_in(wrapped);
-    auto grads_match = [&](double tolerance) {
-      const auto a = plain->named_parameters();
-      for (const auto& item : a) {
-        const auto& g = params[item.key()].grad();
-        if (!g.defined() ||
-            !(tolerance == 0.0 ? g.equal(item.value().grad())
-                               : torch::allclose(g, item.value().grad(), tolerance, tolerance))) {
-          entry.key = item.key();
-          return false;
+    for (const bool eval : {false, true}) {
+      const std::string mode = eval ? "eval mode" : "training mode";
+      auto plain = config.build(c10::kCPU, type);
+      auto model = config.build(c10::kCPU, type);
+      const auto params = state_dict(model);  // before wrapping: the clean keys
+      auto wrapped = wrap_fixture(model, config, kind);
+      auto wrappers = wrappers_in(wrapped);
+      if (eval) {
+        plain->eval();
+        wrapped->eval();
+      }
+      const auto plain_params = state_dict(plain);
+      auto one_step = [&](const ModulePtr& root, const StateDict& of) {
+        for (auto& p : root->parameters()) p.mutable_grad() = torch::Tensor();
+        for (const auto& item : of) {
+          if (item.value().requires_grad()) item.value().mutable_grad() = torch::Tensor();
+        }
+        auto out = call(*root, ids);
+        out.to(torch::kDouble).pow(2).mean().backward();
+        return std::make_pair(out.detach(), props::model_gradients(root, of));
+      };
+      auto grads_differ = [&](const std::vector<torch::Tensor>& got,
+                              const std::vector<torch::Tensor>& want, double tolerance) {
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (want[i].defined() != got[i].defined() ||
+              (want[i].defined() && !close(got[i], want[i], tolerance))) {
+            entry.key = params[i].key();
+            return true;
+          }
+        }
+        return false;
+      };
+      for (const char* call_name : {"first call", "repeated call"}) {
+        const auto expected = one_step(plain, plain_params);
+        const std::string at = " (" + mode + ", " + call_name + ")";
+        // A kind that changes outputs by design around every decoder layer feeds the next one
+        // what it does not take: only its unwrapped run is compared.
+        if (numerics != Numerics::kChangesOutput) {
+          for (const auto& w : wrappers) w->reset_calls();
+          const auto got = one_step(wrapped, params);
+          for (const auto& w : wrappers) {
+            if (w->calls() == 0) return failed("the wrapped run skipped a wrapper" + at);
+          }
+          if (!close(got.first, expected.first, tol)) {
+            return failed("the wrapped run's output differs from the model's" + at);
+          }
+          if (grads_differ(got.second, expected.second, tol)) {
+            return failed("the wrapped run's gradients differ from the model's" + at);
+          }
+        }
+        ++entry.cases;
+        // Flat parameters compute only once released: P14 runs the released model.
+        if (numerics == Numerics::kNeedsRelease) continue;
+        const auto u = subject(wrapped);
+        for (const auto& w : wrappers) w->reset_calls();
+        const auto run = one_step(u.root, params);
+        for (const auto& w : wrappers) {
+          if (w->calls() != 0) {
+            return failed("the unwrapped run went through a " + w->kind_name() + at);
+          }
+        }
+        if (!close(run.first, expected.first, 0.0) ||
+            grads_differ(run.second, expected.second, 0.0)) {
+          return failed("the unwrapped model's output or gradients differ from the model's" + at);
         }
       }
-      return true;
-    };
-    auto out = call(*wrapped, ids);
-    out.pow(2).mean().backward();
-    for (const auto& w : wrappers) {
-      if (w->calls() == 0) {
-        entry.status = Status::kFailed;
-        entry.reason = "the wrapped run skipped a wrapper";
-        return finish();
-      }
     }
-    if (!close(out, expected) || !grads_match(tol)) {
-      entry.status = Status::kFailed;
-      entry.reason = "the wrapped run's output or gradients differ from the model's";
-      return finish();
-    }
-    for (const auto& item : params) item.value().mutable_grad() = torch::Tensor();
-    const auto u = subject(wrapped);
-    for (const auto& w : wrappers) w->reset_calls();
-    auto run = call(*u.root, ids);
-    run.pow(2).mean().backward();
-    for (const auto& w : wrappers) {
-      if (w->calls() != 0) {
-        entry.status = Status::kFailed;
-        entry.reason = "the unwrapped run went through a " + w->kind_name();
-        return finish();
-      }
-    }
-    if (!run.equal(expected) || !grads_match(0.0)) {
-      entry.status = Status::kFailed;
-      entry.reason = "the unwrapped model's output or gradients differ from the model's";
-    }
+    entry.exercised = entry.cases;
+    entry.coverage = "training and eval mode, a first and a repeated call each";
   } catch (const std::exception& e) {
     entry.status = Status::kFailed;
     entry.reason = first_line(e.what());
@@ -277,6 +352,9 @@ nlohmann::json to_json_value(const Entry& e) {
   return {{"kind", e.kind},
           {"property", e.property},
           {"target", e.target},
+          {"dtype", e.dtype},
+          {"exercised", e.exercised},
+          {"coverage", e.coverage},
           {"status", static_cast<int>(e.status)},
           {"reason", e.reason},
           {"key", e.key},
@@ -290,6 +368,9 @@ Entry from_json_value(const nlohmann::json& j) {
   e.kind = j.at("kind").get<std::string>();
   e.property = j.at("property").get<std::string>();
   e.target = j.at("target").get<std::string>();
+  e.dtype = j.at("dtype").get<std::string>();
+  e.exercised = j.at("exercised").get<int>();
+  e.coverage = j.at("coverage").get<std::string>();
   e.status = static_cast<Status>(j.at("status").get<int>());
   e.reason = j.at("reason").get<std::string>();
   e.key = j.at("key").get<std::string>();
@@ -297,6 +378,15 @@ Entry from_json_value(const nlohmann::json& j) {
   e.cases = j.at("cases").get<int>();
   e.seconds = j.at("seconds").get<double>();
   return e;
+}
+
+void write_all(int fd, const std::string& bytes);
+
+void write_frame(int fd, char tag, const std::string& bytes) {
+  const auto length = static_cast<uint32_t>(bytes.size());
+  std::string frame(5, tag);
+  std::memcpy(&frame[1], &length, sizeof length);
+  write_all(fd, frame + bytes);
 }
 
 void write_all(int fd, const std::string& bytes) {
@@ -332,6 +422,7 @@ Entry run_isolated(const Entry& blank, const Options& options,
   }
   if (pid == 0) {
     ::close(fds[0]);
+    g_progress_fd = fds[1];
     // Only this thread survives the fork: a thread pool the parent had running (OpenMP's, after
     // any multi-threaded LibTorch op) would wait for workers that are not there.
     at::set_num_threads(1);
@@ -345,7 +436,7 @@ Entry run_isolated(const Entry& blank, const Options& options,
       entry.status = Status::kFailed;
       entry.reason = "threw something that is not an exception";
     }
-    write_all(fds[1], to_json_value(entry).dump());
+    write_frame(fds[1], 'v', to_json_value(entry).dump());
     ::_exit(0);  // no exit handlers: they belong to the parent
   }
   ::close(fds[1]);
@@ -374,21 +465,39 @@ Entry run_isolated(const Entry& blank, const Options& options,
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  // The frames: the last case that started, and the verdict if one came.
+  std::string running, verdict;
+  for (size_t at = 0; at + 5 <= data.size();) {
+    uint32_t length = 0;
+    std::memcpy(&length, data.data() + at + 1, sizeof length);
+    if (at + 5 + length > data.size()) break;  // cut off by the kill
+    (data[at] == 'c' ? running : verdict) = data.substr(at + 5, length);
+    at += 5 + length;
+  }
   Entry entry = blank;
   entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   entry.status = Status::kFailed;
   if (timed_out) {
     entry.reason =
         "did not finish within " + std::to_string(options.timeout_seconds) + " s: stopped as hung";
+    if (!running.empty()) {
+      entry.reason += " on the case shown";
+      entry.counterexample = running;
+    }
   } else if (WIFSIGNALED(status)) {
     entry.reason = std::string("crashed: signal ") + std::to_string(WTERMSIG(status)) + " (" +
                    ::strsignal(WTERMSIG(status)) + ")";
+    if (!running.empty()) {
+      entry.reason += " on the case shown";
+      entry.counterexample = running;
+    }
   } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
     entry.reason =
         "exited with status " + std::to_string(WEXITSTATUS(status)) + " before giving a verdict";
+    if (!running.empty()) entry.counterexample = running;
   } else {
     try {
-      return from_json_value(nlohmann::json::parse(data));
+      return from_json_value(nlohmann::json::parse(verdict));
     } catch (const nlohmann::json::exception&) {
       entry.reason = "ended without a verdict";
     }
@@ -396,21 +505,41 @@ Entry run_isolated(const Entry& blank, const Options& options,
   return entry;
 }
 
-/// The command line that runs the check of `entry` again.
+/// What runs the check of `entry` again: the command line, or, for what only the API can
+/// give (a kind registered by the caller, a subject or translator of one's own), the call.
 std::string replay_command(const Entry& entry, const Options& options) {
-  if (options.custom_subject) {
-    return "certify::run() with seed " + std::to_string(options.seed) + ", " +
-           std::to_string(options.cases) + " cases, max size " + std::to_string(options.max_size) +
-           " and the subject '" + options.custom_subject_name + "', for " + entry.kind + " on " +
-           entry.target;
+  const auto builtins = Registry::with_builtins().names_with_modes();
+  const bool builtin = std::find(builtins.begin(), builtins.end(), entry.kind) != builtins.end();
+  std::string settings = "seed " + std::to_string(options.seed) + ", " +
+                         std::to_string(options.cases) + " cases, max size " +
+                         std::to_string(options.max_size);
+  if (!entry.dtype.empty()) settings += ", dtypes {" + entry.dtype + "}";
+  settings += ", properties {\"" + entry.property.substr(0, entry.property.find(' ')) + "\"}";
+  if (options.custom_subject || options.custom_translator ||
+      (!builtin && options.plugins.empty())) {
+    std::string call = "certify::run(";
+    call +=
+        builtin ? "Options{.kinds = {\"" + entry.kind + "\"}}" : "<the kind " + entry.kind + ">";
+    call += ") with " + settings;
+    if (options.custom_subject) call += ", the subject '" + options.custom_subject_name + "'";
+    if (options.custom_translator) {
+      call += ", the translator '" + options.custom_translator_name + "'";
+    }
+    return call + ", on " + target_label(entry);
   }
   // `Kind[mode]` is a glob to a shell: quoted.
-  const bool plain =
-      entry.kind.find_first_not_of(
-          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == std::string::npos;
-  std::string out = "wrapcert certify --wrappers " + (plain ? entry.kind : "'" + entry.kind + "'") +
-                    " --subject " + subject_name(options) + " --seed " +
-                    std::to_string(options.seed);
+  auto quoted = [](const std::string& word) {
+    const bool plain = word.find_first_not_of(
+                           "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./-"
+                           ",") == std::string::npos;
+    return plain ? word : "'" + word + "'";
+  };
+  std::string out = "wrapcert certify";
+  for (const auto& plugin : options.plugins) out += " --plugin " + quoted(plugin);
+  out += " --wrappers " + quoted(entry.kind) + " --subject " + subject_name(options) + " --seed " +
+         std::to_string(options.seed);
+  if (!entry.dtype.empty()) out += " --dtypes " + entry.dtype;
+  out += " --properties " + entry.property.substr(0, entry.property.find(' '));
   if (entry.target == kDeepChain) {
     out += " --cases 1 --fixtures tiny-gemma";  // every run checks the chain; this one is short
   } else if (entry.target == kGenerated) {
@@ -423,6 +552,10 @@ std::string replay_command(const Entry& entry, const Options& options) {
 }
 
 }  // namespace
+
+std::string target_label(const Entry& entry) {
+  return entry.dtype.empty() ? entry.target : entry.target + " (" + entry.dtype + ")";
+}
 
 std::string subject_name(const Options& options) {
   return options.custom_subject ? options.custom_subject_name
@@ -456,6 +589,16 @@ Report run(const Options& options, const Listener& listener) {
   report.options = options;
   if (report.options.kinds.empty()) report.options.kinds = Registry::global().names_with_modes();
   for (const auto& kind : report.options.kinds) (void)Registry::global().resolve(kind);  // validate
+  for (const auto& property : options.properties) {
+    bool known = property == "P11" || property == "P11 graph safety";
+    for (const auto& p : props::generated_properties()) {
+      known = known || property == p.name || property == p.name.substr(0, p.name.find(' '));
+    }
+    if (!known) {
+      throw Error(ErrorCode::kInvalidArgument, property,
+                  "unknown property '" + property + "' (P1 to P16, or a full name)");
+    }
+  }
   if (options.cases < 1 || options.max_size < 1 || options.timeout_seconds < 1) {
     throw Error(ErrorCode::kInvalidArgument, "",
                 "cases, max_size and timeout_seconds must be positive");
@@ -467,6 +610,9 @@ Report run(const Options& options, const Listener& listener) {
     }
   }
   if (report.options.seed == 0) report.options.seed = std::random_device{}() | 1ULL;
+  if (report.options.dtypes.empty()) {
+    report.options.dtypes.assign(std::begin(gen::kAllDtypes), std::end(gen::kAllDtypes));
+  }
 
   const auto subject =
       options.custom_subject ? options.custom_subject : props::subject(options.subject);
@@ -482,20 +628,42 @@ Report run(const Options& options, const Listener& listener) {
     if (listener) listener(entry, true);
     report.entries.push_back(std::move(entry));
   };
+  auto wanted = [&o](const std::string& property) {
+    if (o.properties.empty()) return true;
+    const auto number = property.substr(0, property.find(' '));
+    return std::find(o.properties.begin(), o.properties.end(), property) != o.properties.end() ||
+           std::find(o.properties.begin(), o.properties.end(), number) != o.properties.end();
+  };
   for (const auto& kind : o.kinds) {
     for (const auto& property : props::generated_properties()) {
-      run(new_entry(kind, property.name, kGenerated),
-          [&] { return run_generated(kind, property, subject, translator, o); });
+      if (!wanted(property.name)) continue;
+      if (!property.numeric) {
+        run(new_entry(kind, property.name, kGenerated),
+            [&] { return run_generated(kind, property, subject, translator, o, std::nullopt); });
+        continue;
+      }
+      for (const auto dtype : o.dtypes) {
+        auto blank = new_entry(kind, property.name, kGenerated);
+        blank.dtype = gen::to_string(dtype);
+        run(blank, [&] { return run_generated(kind, property, subject, translator, o, dtype); });
+      }
     }
-    run(new_entry(kind, "P11 graph safety", kDeepChain),
-        [&] { return run_deep_chain(kind, subject); });
+    if (wanted("P11 graph safety")) {
+      run(new_entry(kind, "P11 graph safety", kDeepChain),
+          [&] { return run_deep_chain(kind, subject); });
+    }
     for (const auto& config : o.models) {
       if (config.numerics) {
-        run(new_entry(kind, "P4 backward", config.name),
-            [&] { return run_numerics(kind, config, subject); });
+        if (!wanted("P4 backward")) continue;
+        for (const auto dtype : o.dtypes) {
+          auto blank = new_entry(kind, "P4 backward", config.name);
+          blank.dtype = gen::to_string(dtype);
+          run(blank, [&] { return run_numerics(kind, config, subject, dtype); });
+        }
         continue;
       }
       for (const std::string property : kLayoutProperties) {
+        if (!wanted(property)) continue;
         run(new_entry(kind, property, config.name),
             [&] { return run_layout(kind, config, subject, property); });
       }
@@ -520,7 +688,11 @@ Report run(const Options& options, const Listener& listener) {
 
 Report run(const WrapperKind& registration, Options options, const Listener& listener) {
   const ScopedRegistration scope(registration);
+  // The kind and each of its modes, as `Kind[mode]`.
   options.kinds = {registration.name};
+  for (const auto& mode : registration.modes) {
+    options.kinds.push_back(registration.name + "[" + mode.name + "]");
+  }
   return run(options, listener);
 }
 

@@ -39,6 +39,8 @@ struct Model {
 struct Options {
   /// Wrapper kinds to certify, by registered name; empty means every kind in the registry.
   std::vector<std::string> kinds;
+  /// Properties to run, by name ("P4 backward") or number ("P4"); empty means all.
+  std::vector<std::string> properties;
   /// Whole models to run on besides the generated trees: full-size layouts (on meta) for P1-P3,
   /// tiny ones for P4. Empty: the generated trees alone.
   std::vector<Model> models;
@@ -50,6 +52,14 @@ struct Options {
   std::string custom_subject_name = "custom";
   /// A key translator of your own for P8, in place of the reference one.
   props::Translator custom_translator;
+  /// What reports call `custom_translator`.
+  std::string custom_translator_name = "custom";
+  /// The plugin libraries the kinds come from (`wrapcert certify --plugin`): replay lines load
+  /// them. A kind neither built in nor from a plugin is replayed through the API.
+  std::vector<std::string> plugins;
+  /// Dtypes P4, P13 and P14 run in, each a row of its own (on generated trees and tiny fixtures);
+  /// every case of those rows runs in training or in eval mode, drawn. Empty: every dtype.
+  std::vector<gen::Dtype> dtypes;
   int cases = 100;     ///< generated cases per property and kind
   int max_size = 100;  ///< rapidcheck's size bound
   uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
@@ -57,8 +67,9 @@ struct Options {
   /// certification becomes a failed entry (naming the signal or the limit) instead of ending the
   /// run and losing the report.
   bool isolate = true;
-  /// Seconds one check may take in its child process before it is stopped as hung.
-  int timeout_seconds = 600;
+  /// Seconds one check may take in its child process before it is stopped as hung; the report
+  /// names the case that was running then.
+  int timeout_seconds = 120;
 };
 
 struct Entry;
@@ -72,11 +83,17 @@ struct Entry {
   std::string kind;      ///< the wrapper kind certified
   std::string property;  ///< "P1 keys"
   std::string target;    ///< "generated trees" or a fixture name
+  std::string dtype;     ///< what P4, P13 and P14 ran in (`float32`); empty for the others
   Status status = Status::kPassed;
   std::string reason;          ///< why it failed or was skipped
   std::string key;             ///< the offending key, when there is one
   std::string counterexample;  ///< the shrunk tree with its keys
   int cases = 0;               ///< cases run
+  /// Cases that ran the check on a model holding the certified kind (or mode); -1 where the
+  /// property does not wrap (P9). A row that wraps and never ran the kind is a failure.
+  int exercised = -1;
+  /// How the exercised cases ran (`12 in training mode, 9 in eval mode`).
+  std::string coverage;
   double seconds = 0.0;
   std::string replay;  ///< for a failure: the command that runs this check again
 };
@@ -101,7 +118,11 @@ Report run(const WrapperKind& registration, Options options = {},
 /// The subject's name in reports: `custom_subject_name`, or the built-in subject's.
 std::string subject_name(const Options& options);
 
-/// One compact table: a row per property and target, a column per kind (pass, FAIL, skip).
+/// `target`, with the dtype when there is one: `generated trees (float32)`.
+std::string target_label(const Entry& entry);
+
+/// One compact table: a row per property and target, a column per kind (pass, FAIL, skip) with
+/// the number of cases that exercised the kind.
 std::string to_summary(const Report& report);
 /// A table per kind: property, target, result, reason.
 std::string to_markdown(const Report& report);

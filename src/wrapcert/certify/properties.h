@@ -58,6 +58,13 @@ struct KeyDifference {
 std::optional<KeyDifference> first_key_difference(const std::vector<std::string>& got,
                                                   const std::vector<std::string>& want);
 
+/// The gradient of each of `params` (the model's own tensors) after a backward through `root`,
+/// cloned: its own `.grad`, plus, for a parameter a wrapper in `root` holds flat, the part of
+/// that wrapper's flat gradient where it lies (the wrapper's declared state shares the
+/// parameter's storage, as FSDP's flat parameter does and `FlatParameters` arranges). Undefined
+/// where no gradient reached it: a forward on detached views leaves the flat gradient empty.
+std::vector<torch::Tensor> model_gradients(const ModulePtr& root, const StateDict& params);
+
 /// Keys grouped by the tensor they share: every group of two or more keys (what P3 compares).
 std::set<std::vector<std::string>> tie_groups(const StateDict& state);
 
@@ -107,6 +114,11 @@ struct GeneratedProperty {
       check;
   /// What the property's trees need (P7: wrappers at the root only; P9: none).
   std::function<void(gen::GenOptions& options)> adjust;
+  /// Runs the model (P4, P13, P14): certified in every dtype, in training and eval mode.
+  bool numeric = false;
+  /// Its trees hold wrappers, so each row counts the cases that held the certified kind (not
+  /// P9, whose trees have none).
+  bool wraps = true;
 };
 
 /// P1-P16 on generated trees, in order (P11 without its deep chain: see `deep_chain`).

@@ -89,18 +89,18 @@ std::vector<std::string> kinds_in_order(const Report& report) {
 std::string to_summary(const Report& report) {
   const auto kinds = kinds_in_order(report);
   std::vector<std::pair<std::string, std::string>> rows;  // property, target, in order
-  std::map<std::pair<std::string, std::string>, std::map<std::string, Status>> results;
+  std::map<std::pair<std::string, std::string>, std::map<std::string, const Entry*>> results;
   for (const auto& e : report.entries) {
-    const auto row = std::make_pair(e.property, e.target);
+    const auto row = std::make_pair(e.property, target_label(e));
     if (!results.count(row)) rows.push_back(row);
-    results[row][e.kind] = e.status;
+    results[row][e.kind] = &e;
   }
   std::ostringstream out;
   out << "Certification, " << subject_name(report.options)
       << " unwrap: " << report.count(Status::kPassed) << " passed, "
       << report.count(Status::kFailed) << " failed, " << report.count(Status::kSkipped)
       << " skipped (seed " << report.options.seed << ", " << report.options.cases
-      << " cases per property)\n\n"
+      << " cases per property; a number is how many cases held the kind)\n\n"
       << "| property | target |";
   for (const auto& k : kinds) out << " " << k << " |";
   out << "\n|---|---|";
@@ -111,12 +111,16 @@ std::string to_summary(const Report& report) {
     for (const auto& k : kinds) {
       const auto& r = results[row];
       const auto it = r.find(k);
+      if (it == r.end()) {
+        out << "  |";
+        continue;
+      }
+      const auto& e = *it->second;
       out << " "
-          << (it == r.end()                   ? ""
-              : it->second == Status::kPassed ? "pass"
-              : it->second == Status::kFailed ? "**FAIL**"
-                                              : "skip")
-          << " |";
+          << (e.status == Status::kPassed   ? "pass"
+              : e.status == Status::kFailed ? "**FAIL**"
+                                            : "skip")
+          << (e.exercised >= 0 ? " " + std::to_string(e.exercised) : std::string()) << " |";
     }
     out << "\n";
   }
@@ -130,30 +134,39 @@ std::string to_markdown(const Report& report) {
       << " failed, " << report.count(Status::kSkipped) << " skipped; seed " << report.options.seed
       << ", " << report.options.cases << " cases per property\n";
   for (const auto& kind : kinds_in_order(report)) {
-    out << "\n## " << kind << "\n\n| property | target | result | cases | seconds | details |\n"
-        << "|---|---|---|---:|---:|---|\n";
+    out << "\n## " << kind
+        << "\n\n| property | target | result | cases | exercised | seconds | details |\n"
+        << "|---|---|---|---:|---:|---:|---|\n";
     for (const auto& e : report.entries) {
       if (e.kind != kind) continue;
       std::string details = e.reason;
       if (!e.key.empty()) details += " (at `" + e.key + "`)";
-      out << "| " << e.property << " | " << e.target << " | "
+      if (!e.coverage.empty()) details += (details.empty() ? "" : "; ") + e.coverage;
+      out << "| " << e.property << " | " << target_label(e) << " | "
           << (e.status == Status::kFailed ? "**FAILED**" : to_string(e.status)) << " | " << e.cases
-          << " | " << std::fixed << std::setprecision(2) << e.seconds << " | " << cell(details)
-          << " |\n";
+          << " | " << (e.exercised >= 0 ? std::to_string(e.exercised) : "-") << " | " << std::fixed
+          << std::setprecision(2) << e.seconds << " | " << cell(details) << " |\n";
     }
     for (const auto& e : report.entries) {
       if (e.kind != kind || e.counterexample.empty()) continue;
-      out << "\n" << e.property << " counterexample:\n\n```\n" << e.counterexample << "\n```\n";
+      out << "\n"
+          << e.property << " [" << target_label(e) << "] counterexample:\n\n```\n"
+          << e.counterexample << "\n```\n";
     }
     for (const auto& e : report.entries) {
       if (e.kind != kind || e.replay.empty()) continue;
-      out << "\nReplay " << e.property << " [" << e.target << "]: `" << e.replay << "`\n";
+      out << "\nReplay " << e.property << " [" << target_label(e) << "]: `" << e.replay << "`\n";
     }
   }
   return out.str();
 }
 
 namespace {
+std::vector<std::string> dtype_names(const Options& options) {
+  std::vector<std::string> names;
+  for (const auto dtype : options.dtypes) names.emplace_back(gen::to_string(dtype));
+  return names;
+}
 std::vector<std::string> model_names(const Options& options) {
   std::vector<std::string> names;
   for (const auto& model : options.models) names.push_back(model.name);
@@ -172,6 +185,7 @@ std::string to_json(const Report& report) {
         {"fixtures", model_names(report.options)},
         {"subject", subject_name(report.options)},
         {"cases", report.options.cases},
+        {"dtypes", dtype_names(report.options)},
         {"max_size", report.options.max_size},
         {"isolate", report.options.isolate},
         {"timeout_seconds", report.options.timeout_seconds}}},
@@ -184,11 +198,14 @@ std::string to_json(const Report& report) {
     j["entries"].push_back({{"kind", e.kind},
                             {"property", e.property},
                             {"target", e.target},
+                            {"dtype", e.dtype},
                             {"status", to_string(e.status)},
                             {"reason", e.reason},
                             {"key", e.key},
                             {"counterexample", e.counterexample},
                             {"cases", e.cases},
+                            {"exercised", e.exercised},
+                            {"coverage", e.coverage},
                             {"seconds", e.seconds},
                             {"replay", e.replay}});
   }
@@ -236,7 +253,7 @@ std::string to_junit(const Report& report) {
       if (e.kind != kind) continue;
       auto test = suite.append_child("testcase");
       test.append_attribute("classname") = xml_text(kind).c_str();
-      test.append_attribute("name") = xml_text(e.property + " [" + e.target + "]").c_str();
+      test.append_attribute("name") = xml_text(e.property + " [" + target_label(e) + "]").c_str();
       test.append_attribute("time") = seconds_text(e.seconds).c_str();
       if (e.status == Status::kFailed) {
         auto failure = test.append_child("failure");

@@ -8,13 +8,12 @@
 #include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 namespace wrapcert::gen {
@@ -80,11 +79,90 @@ class BlockImpl : public Layer {
   int64_t dim_;
 };
 
+/// LibTorch 1.13 has no CPU kernels for float16 matrix products, normalisation or `rsqrt`: a
+/// float16 tree on the CPU computes those in float32 and rounds back, as autocast would. Its
+/// parameters, buffers, inputs, outputs and gradients stay float16.
+bool computes_upcast(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kHalf && t.device().is_cpu();
+}
+torch::Tensor up(const torch::Tensor& t, bool upcast) {
+  return upcast && t.defined() ? t.to(torch::kFloat) : t;
+}
+torch::Tensor down(const torch::Tensor& t, bool upcast) {
+  return upcast ? t.to(torch::kHalf) : t;
+}
+
+/// The generated trees' leaves read their parameters through the registry at call time (as
+/// `wrapcert::Layer`s do), so a flat-parameter wrapper's views are what a forward through it
+/// runs on, and gradients reach its flat parameter. They print as PyTorch's modules.
+class LinearLeafImpl : public Layer {
+ public:
+  LinearLeafImpl(int64_t dim, bool bias) : dim_(dim), bias_(bias) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(dim));
+    register_parameter("weight", torch::empty({dim, dim}).uniform_(-bound, bound));
+    if (bias) register_parameter("bias", torch::empty({dim}).uniform_(-bound, bound));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const auto w = parameter("weight");
+    const bool u = computes_upcast(w);
+    return down(at::linear(up(x, u), up(w, u), bias_ ? up(parameter("bias"), u) : at::Tensor()), u);
+  }
+  std::string python_name() const override { return "Linear"; }
+  std::string extra_repr() const override {
+    return "in_features=" + std::to_string(dim_) + ", out_features=" + std::to_string(dim_) +
+           ", bias=" + (bias_ ? "True" : "False");
+  }
+
+ private:
+  int64_t dim_;
+  bool bias_;
+};
+
+class EmbeddingLeafImpl : public Layer {
+ public:
+  explicit EmbeddingLeafImpl(int64_t dim) : dim_(dim) {
+    register_parameter("weight", torch::randn({dim, dim}));
+  }
+  torch::Tensor forward(const torch::Tensor& ids) override {
+    return at::embedding(parameter("weight"), ids);
+  }
+  std::string python_name() const override { return "Embedding"; }
+  std::string extra_repr() const override {
+    return std::to_string(dim_) + ", " + std::to_string(dim_);
+  }
+
+ private:
+  int64_t dim_;
+};
+
+class LayerNormLeafImpl : public Layer {
+ public:
+  explicit LayerNormLeafImpl(int64_t dim) : dim_(dim) {
+    register_parameter("weight", torch::ones({dim}));
+    register_parameter("bias", torch::zeros({dim}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const auto w = parameter("weight");
+    const bool u = computes_upcast(w);
+    return down(at::layer_norm(up(x, u), {dim_}, up(w, u), up(parameter("bias"), u), 1e-5), u);
+  }
+  std::string python_name() const override { return "LayerNorm"; }
+  std::string extra_repr() const override {
+    return "(" + std::to_string(dim_) + ",), eps=1e-05, elementwise_affine=True";
+  }
+
+ private:
+  int64_t dim_;
+};
+
 class RMSNormImpl : public Layer {
  public:
   explicit RMSNormImpl(int64_t dim) { register_parameter("weight", torch::ones({dim})); }
   torch::Tensor forward(const torch::Tensor& x) override {
-    return x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * parameter("weight");
+    const auto w = parameter("weight");
+    const bool u = computes_upcast(w);
+    const auto h = up(x, u);
+    return down(h * torch::rsqrt(h.pow(2).mean(-1, true) + 1e-6) * up(w, u), u);
   }
   std::string python_name() const override { return "RMSNorm"; }
 };
@@ -115,25 +193,17 @@ struct Builder {
 
   ModulePtr leaf(const NodeSpec& n, bool& ids) {
     ModulePtr m;
-    torch::Tensor* weight = nullptr;
     switch (n.leaf) {
       case Leaf::kLinear:
-      case Leaf::kLinearNoBias: {
-        auto l =
-            torch::nn::Linear(torch::nn::LinearOptions(dim, dim).bias(n.leaf == Leaf::kLinear));
-        weight = &l->weight;
-        m = l.ptr();
+      case Leaf::kLinearNoBias:
+        m = std::make_shared<LinearLeafImpl>(dim, n.leaf == Leaf::kLinear);
         break;
-      }
-      case Leaf::kEmbedding: {
-        auto e = torch::nn::Embedding(dim, dim);
-        weight = &e->weight;
+      case Leaf::kEmbedding:
+        m = std::make_shared<EmbeddingLeafImpl>(dim);
         ids = true;
-        m = e.ptr();
         break;
-      }
       case Leaf::kLayerNorm:
-        m = torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})).ptr();
+        m = std::make_shared<LayerNormLeafImpl>(dim);
         break;
       case Leaf::kRMSNorm:
         m = std::make_shared<RMSNormImpl>(dim);
@@ -142,13 +212,14 @@ struct Builder {
         m = std::make_shared<ScaleWithBufferImpl>(dim);
         break;
     }
-    if (weight) {
+    const bool tieable =
+        n.leaf == Leaf::kLinear || n.leaf == Leaf::kLinearNoBias || n.leaf == Leaf::kEmbedding;
+    if (tieable) {
       if (n.tie >= 0 && !tie_sources.empty()) {
-        const auto& source = tie_sources[static_cast<size_t>(n.tie) % tie_sources.size()].first;
-        *weight = source;                     // what the LibTorch module's forward reads
-        tie_parameter(*m, "weight", source);  // what keys and optimizers see
+        tie_parameter(*m, "weight",
+                      tie_sources[static_cast<size_t>(n.tie) % tie_sources.size()].first);
       }
-      tie_sources.emplace_back(*weight, m);
+      tie_sources.emplace_back(m->named_parameters(/*recurse=*/false)["weight"], m);
     }
     return m;
   }
@@ -234,10 +305,6 @@ struct Builder {
           if (!child) continue;
           if (auto layer = std::dynamic_pointer_cast<Layer>(child)) {
             seq->push_back(std::move(layer));
-          } else if (auto l = std::dynamic_pointer_cast<torch::nn::LinearImpl>(child)) {
-            seq->push_back(std::move(l));
-          } else if (auto ln = std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(child)) {
-            seq->push_back(std::move(ln));
           } else {
             throw Error(ErrorCode::kInvalidArgument, join(std::to_string(seq->size())),
                         "the spec builder cannot put a " + child->name() + " in a Sequential");
@@ -307,7 +374,8 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
   auto root = builder.container(spec.root, "", false);
   if (!root) root = std::make_shared<BlockImpl>(spec.dim);
   builder.wraps.emplace_back("", spec.root.wrappers);
-  root->to(options.dtype);
+  root->to(options.dtype.value_or(scalar_type(spec.dtype)));
+  if (spec.eval) root->eval();
 
   Built built;
   built.original = state_dict(root);
@@ -329,21 +397,73 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
                         " makes a module that does not derive from wrapcert::WrapperImpl");
       }
       built.wrappers.push_back(w);
-      const auto numerics = ref.numerics();
-      if (numerics == Numerics::kChangesOutput || numerics == Numerics::kNeedsRelease) {
-        built.bitwise = false;
-      } else if (numerics == Numerics::kTolerance) {
-        built.tolerance = std::max(built.tolerance, ref.kind->tolerance);
+      built.kinds.push_back(kind);
+      switch (ref.numerics()) {
+        case Numerics::kBitwise:
+          break;
+        case Numerics::kTolerance:
+          built.tolerance = std::max(built.tolerance, ref.kind->tolerance);
+          break;
+        case Numerics::kChangesOutput:
+          built.changes_output = true;
+          break;
+        case Numerics::kNeedsRelease:
+          built.needs_release = true;
+          break;
       }
     }
   }
+  // Wrappers follow the model's mode, as `model.eval()` sets it on every submodule.
+  if (spec.eval) built.root->eval();
   return built;
 }
 
 torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed,
                            int64_t batch) {
   torch::manual_seed(seed + 7919);
-  return torch::randn({batch, spec.dim}, torch::TensorOptions().dtype(dtype));
+  return torch::randn({batch, spec.dim}, torch::TensorOptions().dtype(torch::kDouble)).to(dtype);
+}
+
+c10::ScalarType scalar_type(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kFloat64:
+      return torch::kDouble;
+    case Dtype::kFloat32:
+      return torch::kFloat;
+    case Dtype::kBFloat16:
+      return torch::kBFloat16;
+    case Dtype::kFloat16:
+      return torch::kHalf;
+  }
+  return torch::kDouble;
+}
+
+double epsilon(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kFloat64:
+      return std::numeric_limits<double>::epsilon();
+    case Dtype::kFloat32:
+      return std::numeric_limits<float>::epsilon();
+    case Dtype::kBFloat16:
+      return 0.0078125;  // 2^-7: 8 significant bits
+    case Dtype::kFloat16:
+      return 0.0009765625;  // 2^-10: 11 significant bits
+  }
+  return 0.0;
+}
+
+const char* to_string(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kFloat64:
+      return "float64";
+    case Dtype::kFloat32:
+      return "float32";
+    case Dtype::kBFloat16:
+      return "bfloat16";
+    case Dtype::kFloat16:
+      return "float16";
+  }
+  return "unknown";
 }
 
 SpecStats stats(const TreeSpec& spec) {

@@ -10,10 +10,18 @@
 #include <wrapcert/view.h>
 #include <wrapcert/wrappers.h>
 
+#include <optional>
+
 namespace wrapcert::gen {
 
+/// The LibTorch scalar type of `dtype`.
+c10::ScalarType scalar_type(Dtype dtype);
+/// Machine epsilon of `dtype` (2^-52 for double, 2^-7 for bfloat16).
+double epsilon(Dtype dtype);
+
 struct BuildOptions {
-  c10::ScalarType dtype = c10::kDouble;
+  /// What to build in; unset: the spec's `dtype`.
+  std::optional<c10::ScalarType> dtype;
   uint64_t seed = 0;
   /// Apply the spec's wrappers; false gives the plain model.
   bool wrap = true;
@@ -26,15 +34,22 @@ struct Built {
   StateDict original;
   /// Every wrapper put in, outermost of each stack last.
   std::vector<std::shared_ptr<WrapperImpl>> wrappers;
-  /// Every wrapper kind in the tree computes like its inner module: bit for bit, or within
-  /// `tolerance` (the largest of its kinds').
-  bool bitwise = true;
+  /// The kind (or `Kind[mode]`) of each of `wrappers`, as the spec names it.
+  std::vector<std::string> kinds;
+  /// The largest tolerance its kinds declare (`Numerics::kTolerance`), in machine epsilons of
+  /// the dtype compared; 0: bit for bit.
   double tolerance = 0.0;
+  /// A kind in the tree changes outputs by design (`Numerics::kChangesOutput`).
+  bool changes_output = false;
+  /// A kind in the tree holds state its inner module needs to compute (`kNeedsRelease`): the
+  /// wrapped model computes, the inner modules alone do not until released.
+  bool needs_release = false;
 };
 
 Built build(const TreeSpec& spec, const BuildOptions& options = {});
 
-/// A batch the built model accepts: (batch, dim) values in `dtype`.
+/// A batch the built model accepts: (batch, dim) values in `dtype` (drawn in double, then
+/// converted: the same values, rounded, in every dtype).
 torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed = 0,
                            int64_t batch = 2);
 

@@ -105,17 +105,24 @@ rc::Gen<TreeSpec> trees(GenOptions options) {
   });
   GenOptions root_options = options;
   root_options.root_chain_only = false;
-  return rc::gen::build<TreeSpec>(rc::gen::set(
-      &TreeSpec::root, rc::gen::build<NodeSpec>(
-                           rc::gen::set(&NodeSpec::type, rc::gen::just(NodeSpec::Type::kContainer)),
-                           rc::gen::set(&NodeSpec::container, rc::gen::just(Container::kCustom)),
-                           rc::gen::set(&NodeSpec::children, children),
-                           rc::gen::set(&NodeSpec::wrappers, stack(root_options, true, true)))));
+  // Shrinking goes towards the first dtype and training mode: a failure that needs another
+  // dtype or eval mode keeps it.
+  const auto dtypes = options.dtypes.empty() ? std::vector<Dtype>{Dtype::kFloat64} : options.dtypes;
+  return rc::gen::build<TreeSpec>(
+      rc::gen::set(&TreeSpec::root,
+                   rc::gen::build<NodeSpec>(
+                       rc::gen::set(&NodeSpec::type, rc::gen::just(NodeSpec::Type::kContainer)),
+                       rc::gen::set(&NodeSpec::container, rc::gen::just(Container::kCustom)),
+                       rc::gen::set(&NodeSpec::children, children),
+                       rc::gen::set(&NodeSpec::wrappers, stack(root_options, true, true)))),
+      rc::gen::set(&TreeSpec::dtype, rc::gen::elementOf(dtypes)),
+      rc::gen::set(&TreeSpec::eval,
+                   options.eval_mode ? rc::gen::element(false, true) : rc::gen::just(false)));
 }
 
 std::string describe(const TreeSpec& spec, const std::string& highlight) {
   try {
-    const auto built = build(spec, {c10::kDouble, 0, true});
+    const auto built = build(spec, {std::nullopt, 0, true});
     std::string listing;
     std::istringstream lines(format_keys(state_dict(built.root)));
     for (std::string line; std::getline(lines, line);) {
@@ -132,8 +139,14 @@ std::string describe(const TreeSpec& spec, const std::string& highlight) {
     for (size_t i = 0; i < view.size(); ++i) {
       modules += dynamic_cast<const WrapperImpl*>(view.node(i).module.get()) == nullptr;
     }
-    return format_tree(built.root) + "\nwrapped keys:\n" + listing + std::to_string(modules) +
-           " modules, " + std::to_string(view.size() - modules) + " wrappers";
+    std::string running;
+    if (spec.dtype != Dtype::kFloat64 || spec.eval) {
+      running = std::string("built in ") + to_string(spec.dtype) + ", run in " +
+                (spec.eval ? "eval" : "training") + " mode\n";
+    }
+    return running + format_tree(built.root) + "\nwrapped keys:\n" + listing +
+           std::to_string(modules) + " modules, " + std::to_string(view.size() - modules) +
+           " wrappers";
   } catch (const std::exception& e) {
     const std::string what = e.what();  // LibTorch appends a backtrace: the first line says why
     return "<the spec does not build: " + what.substr(0, what.find('\n')) + ">";

@@ -28,6 +28,10 @@ struct GenOptions {
   int max_depth = 3;
   /// Wrappers only in a chain at the root (the case where legacy unwrap is right).
   bool root_chain_only = false;
+  /// Dtypes to draw trees in (one per tree); empty means double alone.
+  std::vector<Dtype> dtypes;
+  /// Draw eval mode as often as training mode; false: training mode alone.
+  bool eval_mode = false;
 };
 
 rc::Gen<TreeSpec> trees(GenOptions options = {});

@@ -13,6 +13,14 @@
 
 namespace wrapcert::gen {
 
+/// The floating-point type a tree is built and run in.
+enum class Dtype { kFloat64, kFloat32, kBFloat16, kFloat16 };
+/// `float64`, `float32`, `bfloat16`, `float16`: PyTorch's names.
+const char* to_string(Dtype dtype);
+/// Every dtype, double first.
+inline constexpr Dtype kAllDtypes[] = {Dtype::kFloat64, Dtype::kFloat32, Dtype::kBFloat16,
+                                       Dtype::kFloat16};
+
 enum class Leaf { kLinear, kLinearNoBias, kEmbedding, kLayerNorm, kRMSNorm, kBuffered };
 enum class Container { kCustom, kSequential, kModuleList, kModuleDict };
 
@@ -49,6 +57,10 @@ struct NodeSpec {
 struct TreeSpec {
   NodeSpec root = NodeSpec::container_of(Container::kCustom);
   int64_t dim = 3;
+  /// What the model is built in (its parameters, buffers and inputs).
+  Dtype dtype = Dtype::kFloat64;
+  /// Built in eval mode (`model.eval()`, wrappers included) rather than training mode.
+  bool eval = false;
 };
 
 /// Counts modules and wrappers in a spec (shared nodes count once, at their first path).

@@ -59,54 +59,166 @@ class MisdirectedAliasImpl final : public WrapperImpl {
   }
 };
 
-/// Flat parameters through the public API; `Swapped` puts two back in each other's place.
-template <bool Swapped>
+/// What a flat kind gets wrong, if anything.
+enum class FlatFault { kNone, kSwappedRelease, kSwappedForward, kDetachedViews };
+
+/// Flat parameters through the public API, with one fault at most.
+template <FlatFault Fault>
 class FlatShardImpl final : public WrapperImpl {
  public:
-  explicit FlatShardImpl(ModulePtr inner)
-      : WrapperImpl(Swapped ? "SwappedFlatRelease" : "FlatShard", kSlot, std::move(inner)) {
+  explicit FlatShardImpl(ModulePtr inner) : WrapperImpl(name(), kSlot, std::move(inner)) {
     flat_.take(*this, "_flat", this->inner());
+  }
+  static const char* name() {
+    switch (Fault) {
+      case FlatFault::kNone:
+        return "FlatShard";
+      case FlatFault::kSwappedRelease:
+        return "SwappedFlatRelease";
+      case FlatFault::kSwappedForward:
+        return "SwappedFlatForward";
+      case FlatFault::kDetachedViews:
+        return "DetachedFlatViews";
+    }
+    return "";
   }
 
   ModulePtr release() {
     const auto pieces = flat_.pieces();  // restore() forgets them
     flat_.restore();
-    if (Swapped) {
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        for (size_t j = i + 1; j < pieces.size(); ++j) {
-          const auto& a = pieces[i];
-          const auto& b = pieces[j];
-          if (a.original.sizes() == b.original.sizes() && !a.original.is_same(b.original)) {
-            tie_parameter(*a.owner, a.name, b.original);
-            tie_parameter(*b.owner, b.name, a.original);
-            return inner();
-          }
-        }
-      }
-    }
+    if (Fault == FlatFault::kSwappedRelease)
+      swap_first_pair(pieces, [](const auto& p) { return p.original; });
     return inner();
   }
 
  protected:
   torch::Tensor run(const torch::Tensor& input) override {
     const auto unsharded = flat_.unshard();
+    auto current = [](const FlatParameters::Piece& p) {
+      return p.owner->named_parameters(/*recurse=*/false)[p.name];
+    };
+    if (Fault == FlatFault::kSwappedForward) swap_first_pair(flat_.pieces(), current);
+    if (Fault == FlatFault::kDetachedViews) {
+      // Runs on the flat parameter's values, out of autograd's sight: no gradient reaches it.
+      for (const auto& p : flat_.pieces()) tie_parameter(*p.owner, p.name, current(p).detach());
+    }
     return call(*inner(), input);
   }
 
  private:
+  /// Puts the first two pieces of one shape (not one tensor) in each other's place.
+  template <typename Get>
+  static void swap_first_pair(const std::vector<FlatParameters::Piece>& pieces, Get get) {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      for (size_t j = i + 1; j < pieces.size(); ++j) {
+        const auto& a = pieces[i];
+        const auto& b = pieces[j];
+        if (a.original.sizes() == b.original.sizes() && a.offset != b.offset) {
+          const auto ta = get(a);
+          const auto tb = get(b);
+          tie_parameter(*a.owner, a.name, tb);
+          tie_parameter(*b.owner, b.name, ta);
+          return;
+        }
+      }
+    }
+  }
+
   FlatParameters flat_;
 };
 
-template <bool Swapped>
-WrapperKind flat_kind(const char* name) {
-  auto kind = wrapper_kind<FlatShardImpl<Swapped>>(name, kSlot);
+template <FlatFault Fault>
+WrapperKind flat_kind() {
+  using Impl = FlatShardImpl<Fault>;
+  auto kind = wrapper_kind<Impl>(Impl::name(), kSlot);
   kind.owned_state = {"_flat"};
   kind.numerics = Numerics::kNeedsRelease;
-  kind.release = [](torch::nn::Module& wrapper) {
-    return dynamic_cast<FlatShardImpl<Swapped>&>(wrapper).release();
-  };
+  kind.release = [](torch::nn::Module& wrapper) { return dynamic_cast<Impl&>(wrapper).release(); };
   return kind;
 }
+
+/// A pass-through with a mode (`Kind[fused]`); `FusedFault`: the mode scales outputs by
+/// 1 + 2^-6, as a fused kernel with a wrong constant would.
+template <bool FusedFault>
+class ModalImpl final : public WrapperImpl {
+ public:
+  explicit ModalImpl(ModulePtr inner, bool fused = false)
+      : WrapperImpl(name(), kSlot, std::move(inner)), fused_(fused) {}
+  static const char* name() { return FusedFault ? "ModalFault" : "ModalRelay"; }
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    auto out = call(*inner(), input);
+    return FusedFault && fused_ ? out * (1.0 + 1.0 / 64) : out;
+  }
+
+ private:
+  bool fused_;
+};
+
+template <bool FusedFault>
+WrapperKind modal_kind() {
+  using Impl = ModalImpl<FusedFault>;
+  auto kind = wrapper_kind<Impl>(Impl::name(), kSlot);
+  kind.modes.push_back(WrapperMode{
+      "fused", [](ModulePtr inner) -> ModulePtr { return std::make_shared<Impl>(inner, true); },
+      Numerics::kBitwise});
+  return kind;
+}
+
+/// Rounds a float32 input through bfloat16 (a "fast path" for float32 alone); exact in double.
+class Float32RoundingImpl final : public WrapperImpl {
+ public:
+  explicit Float32RoundingImpl(ModulePtr inner)
+      : WrapperImpl("Float32Rounding", kSlot, std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    if (input.scalar_type() == torch::kFloat) {
+      return call(*inner(), input.to(torch::kBFloat16).to(torch::kFloat));
+    }
+    return call(*inner(), input);
+  }
+};
+
+/// In eval mode runs the inner module without autograd, as if eval meant inference.
+class EvalNoGradImpl final : public WrapperImpl {
+ public:
+  explicit EvalNoGradImpl(ModulePtr inner) : WrapperImpl("EvalNoGrad", kSlot, std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    if (is_training()) return call(*inner(), input);
+    torch::NoGradGuard no_grad;
+    return call(*inner(), input);
+  }
+};
+
+/// Holds a parameter of its own called `weight`: what the module in its slot's `weight`
+/// translates to.
+class CollidingStateImpl final : public WrapperImpl {
+ public:
+  explicit CollidingStateImpl(ModulePtr inner)
+      : WrapperImpl("CollidingState", kSlot, std::move(inner)) {
+    register_parameter("weight", torch::ones({1}));
+  }
+};
+
+/// Keeps its first output and returns it on every later call.
+class CachedOutputImpl final : public WrapperImpl {
+ public:
+  explicit CachedOutputImpl(ModulePtr inner)
+      : WrapperImpl("CachedOutput", kSlot, std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    if (!cache_.defined()) cache_ = call(*inner(), input);
+    return cache_;
+  }
+
+ private:
+  torch::Tensor cache_;
+};
 
 }  // namespace
 
@@ -123,7 +235,11 @@ WrapperKind aliased_relay_kind() {
 }
 
 WrapperKind flat_shard_kind() {
-  return flat_kind<false>("FlatShard");
+  return flat_kind<FlatFault::kNone>();
+}
+
+WrapperKind modal_relay_kind() {
+  return modal_kind<false>();
 }
 
 WrapperKind copying_release_kind() {
@@ -151,7 +267,37 @@ WrapperKind emptying_release_kind() {
 }
 
 WrapperKind swapped_flat_release_kind() {
-  return flat_kind<true>("SwappedFlatRelease");
+  return flat_kind<FlatFault::kSwappedRelease>();
+}
+
+WrapperKind swapped_flat_forward_kind() {
+  return flat_kind<FlatFault::kSwappedForward>();
+}
+
+WrapperKind detached_flat_views_kind() {
+  return flat_kind<FlatFault::kDetachedViews>();
+}
+
+WrapperKind float32_rounding_kind() {
+  return wrapper_kind<Float32RoundingImpl>("Float32Rounding", kSlot);
+}
+
+WrapperKind eval_no_grad_kind() {
+  return wrapper_kind<EvalNoGradImpl>("EvalNoGrad", kSlot);
+}
+
+WrapperKind modal_fault_kind() {
+  return modal_kind<true>();
+}
+
+WrapperKind colliding_state_kind() {
+  auto kind = wrapper_kind<CollidingStateImpl>("CollidingState", kSlot);
+  kind.owned_state = {"weight"};
+  return kind;
+}
+
+WrapperKind cached_output_kind() {
+  return wrapper_kind<CachedOutputImpl>("CachedOutput", kSlot);
 }
 
 WrapperKind second_registration_kind() {

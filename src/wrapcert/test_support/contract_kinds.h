@@ -16,6 +16,8 @@ WrapperKind step_counter_kind();
 WrapperKind aliased_relay_kind();
 /// Holds its subtree's parameters flat (`FlatParameters`), gives them back on release.
 WrapperKind flat_shard_kind();
+/// A pass-through with a mode, `ModalRelay[fused]`, also a pass-through.
+WrapperKind modal_relay_kind();
 
 // Faulty: each breaks one contract.
 /// P14: its release gives the inner modules copies of their parameters.
@@ -28,5 +30,22 @@ WrapperKind swapped_flat_release_kind();
 WrapperKind second_registration_kind();
 /// P16: declares the alias `module`, which reaches its own `_stats` child, not its slot.
 WrapperKind misdirected_alias_kind();
+
+// Faulty where only running the model shows it (P4), and one whose state collides (P15).
+/// P4: a flat kind whose forward puts two parameters of one shape in each other's place.
+WrapperKind swapped_flat_forward_kind();
+/// P4: a flat kind whose forward runs on detached views: no gradient reaches the flat parameter.
+WrapperKind detached_flat_views_kind();
+/// P4 in float32 alone: rounds a float32 input through bfloat16.
+WrapperKind float32_rounding_kind();
+/// P4 in eval mode alone: runs the inner module without autograd there.
+WrapperKind eval_no_grad_kind();
+/// P4 on `ModalFault[fused]` alone: the mode scales outputs by 1 + 2^-6.
+WrapperKind modal_fault_kind();
+/// P15: holds a `weight` of its own, what its inner module's `weight` translates to.
+WrapperKind colliding_state_kind();
+/// P4: returns its first output on every call. Inside a `CheckpointWrapper` its cached output
+/// once made the recomputation wait on itself.
+WrapperKind cached_output_kind();
 
 }  // namespace wrapcert::test_support
