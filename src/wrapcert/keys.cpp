@@ -10,6 +10,12 @@ KeyTranslator KeyTranslator::from_tree(const ModulePtr& wrapped, const Registry&
   unwrap_reference(wrapped, registry)
       .for_each_state([&tr](const std::string& clean, const std::string& wrapped_key,
                             const torch::Tensor&) { tr.pairs_.emplace_back(wrapped_key, clean); });
+  // What the wrappers hold of their own (a flat parameter): keys of the tree that are no model
+  // key, so that asking to translate one says what it is.
+  ModuleView::of(wrapped).for_each_state(
+      [&tr](const std::string& key, const std::string&, const torch::Tensor&) {
+        tr.wrapper_state_.insert(key);
+      });
   // The views point into `pairs_`, which no longer grows.
   tr.by_wrapped_.reserve(tr.pairs_.size());
   tr.by_clean_.reserve(tr.pairs_.size());
@@ -24,12 +30,18 @@ KeyTranslator KeyTranslator::from_tree(const ModulePtr& wrapped, const Registry&
           "both '" + tr.pairs_[it->second].first + "' and '" + w + "' translate to this key");
     }
   }
+  for (const auto& [w, c] : tr.pairs_) tr.wrapper_state_.erase(w);
   return tr;
 }
 
 const std::string& KeyTranslator::to_clean(std::string_view wrapped_key) const {
   auto it = by_wrapped_.find(wrapped_key);
   if (it == by_wrapped_.end()) {
+    if (wrapper_state_.count(std::string(wrapped_key))) {
+      throw Error(ErrorCode::kUnknownKey, std::string(wrapped_key),
+                  "a wrapper's own state (declared in its kind's owned_state), not the model's: "
+                  "it has no clean key; leave it out, or save it beside the model");
+    }
     throw Error(ErrorCode::kUnknownKey, std::string(wrapped_key),
                 "the wrapped model has no such state-dict key");
   }

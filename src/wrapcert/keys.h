@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -32,7 +33,9 @@ class KeyTranslator {
   static KeyTranslator from_tree(const ModulePtr& wrapped,
                                  const Registry& registry = Registry::global());
 
-  /// Throws `Error` (kUnknownKey) naming the key when the tree has no such key.
+  /// Throws `Error` (kUnknownKey) naming the key when the tree has no such key, or when the key
+  /// is a wrapper's own declared state (`_flat_param`): that has no clean key, and the error
+  /// says so.
   const std::string& to_clean(std::string_view wrapped_key) const;
   const std::string& to_wrapped(std::string_view clean_key) const;
 
@@ -50,6 +53,7 @@ class KeyTranslator {
   std::vector<std::pair<std::string, std::string>> pairs_;
   std::unordered_map<std::string_view, size_t> by_wrapped_;
   std::unordered_map<std::string_view, size_t> by_clean_;
+  std::unordered_set<std::string> wrapper_state_;  ///< keys of the wrappers' own state
 };
 
 /// True when `clean`'s dotted components are `wrapped`'s with some whole components removed

@@ -66,6 +66,31 @@ TEST(KeyTranslator, NamesAnUnknownKey) {
               ThrowsError(ErrorCode::kUnknownKey, "module.model.layers.9.mlp.up_proj.weight"));
 }
 
+TEST(KeyTranslator, SaysAWrappersOwnStateHasNoCleanKey) {
+  // The demo model's layers read their parameters through the registry: flat mode applies.
+  auto wrapped =
+      auto_wrap(fixtures::make_demo_model(), {fixtures::kDemoNoSplitModule},
+                Registry::global().resolve("FullyShardedDataParallel[flat]").descriptor());
+  const auto tr = KeyTranslator::from_tree(wrapped);
+  const auto wrapped_keys = keys(state_dict(wrapped));
+  ASSERT_THAT(wrapped_keys, ::testing::Contains("_flat_param"));
+  try {
+    (void)tr.to_clean("_flat_param");
+    ADD_FAILURE() << "a flat parameter translated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnknownKey);
+    EXPECT_EQ(e.key_path(), "_flat_param");
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("a wrapper's own state"));
+  }
+  // A key that is nowhere is not called a wrapper's.
+  try {
+    (void)tr.to_clean("_fsdp_wrapped_module.nowhere.weight");
+    ADD_FAILURE() << "an unknown key translated";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::Not(::testing::HasSubstr("a wrapper's own state")));
+  }
+}
+
 TEST(RemovesWholeComponents, AcceptsOnlyWholeComponentsInOrder) {
   EXPECT_TRUE(removes_whole_components("a.module.b.weight", "a.b.weight"));
   EXPECT_TRUE(removes_whole_components("module.weight", "weight"));
