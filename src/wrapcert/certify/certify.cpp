@@ -348,6 +348,99 @@ Entry run_numerics(const std::string& kind, const Model& config,
   return finish();
 }
 
+/// P13 or P14 on a tiny fixture in `dtype`: the unwrapped state's values are the model's (P13);
+/// releasing every wrapper gives back the model's own tensors, which compute as the model does
+/// in training and eval mode (P14).
+Entry run_fixture_state(const std::string& kind, const Model& config,
+                        const props::UnwrapSubject& subject, gen::Dtype dtype,
+                        const std::string& property) {
+  Entry entry = new_entry(kind, property, config.name);
+  entry.dtype = gen::to_string(dtype);
+  const auto start = Clock::now();
+  (void)detail::take_blame();
+  auto failed = [&](std::string reason, std::string key = {}) {
+    entry.status = Status::kFailed;
+    entry.reason = std::move(reason);
+    entry.key = std::move(key);
+  };
+  const auto type = gen::scalar_type(dtype);
+  try {
+    const auto plain = config.build(c10::kCPU, type);
+    const auto expected = state_dict(plain);
+    auto model = config.build(c10::kCPU, type);
+    const auto original = state_dict(model);
+    auto wrapped = wrap_fixture(model, config, kind);
+    entry.cases = 1;
+    if (property == "P13 values") {
+      const auto state = subject(wrapped).state;
+      for (const auto& item : expected) {
+        const auto* got = state.find(item.key());
+        if (!got) {
+          failed("missing from the unwrapped state", item.key());
+          break;
+        }
+        if (got->scalar_type() != item.value().scalar_type() ||
+            got->sizes() != item.value().sizes() || !got->equal(item.value())) {
+          failed("shape, dtype or values differ from the model's", item.key());
+          break;
+        }
+      }
+    } else {
+      ModulePtr root;
+      try {
+        root = release_wrappers(wrapped);
+      } catch (...) {
+        detail::note_blame("the wrapper kind " + kind + " (releasing the fixture)");
+        throw;
+      }
+      const auto state = state_dict(root);
+      if (const auto d = props::first_key_difference(state.keys(), original.keys())) {
+        failed("the released model's keys: " + d->describe(), d->key());
+      }
+      for (size_t i = 0; entry.status != Status::kFailed && i < state.size(); ++i) {
+        if (!state[i].value().is_same(original[i].value())) {
+          failed("not the model's own tensor after release (a copy?)", state[i].key());
+        } else if (!state[i].value().equal(expected[i].value())) {
+          failed("values differ after release", state[i].key());
+        }
+      }
+      const auto ids = torch::tensor({{3, 1, 4, 1, 5, 9}}, torch::kLong);
+      for (const bool eval : {false, true}) {
+        if (entry.status == Status::kFailed || dtype == gen::Dtype::kFloat16) break;
+        plain->train(!eval);
+        root->train(!eval);
+        auto one = [&ids](const ModulePtr& m, const StateDict& of) {
+          for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+          auto out = call(*m, ids);
+          out.to(torch::kDouble).pow(2).mean().backward();
+          return std::make_pair(out.detach(), props::model_gradients(m, of));
+        };
+        const auto a = one(plain, expected);
+        const auto b = one(root, original);
+        bool same = a.first.equal(b.first);
+        for (size_t i = 0; same && i < a.second.size(); ++i) {
+          same = a.second[i].defined() == b.second[i].defined() &&
+                 (!a.second[i].defined() || a.second[i].equal(b.second[i]));
+        }
+        if (!same) {
+          failed(std::string("the released model computes otherwise than the model (") +
+                 (eval ? "eval" : "training") + " mode)");
+        }
+        entry.cases += 1;
+      }
+      if (dtype == gen::Dtype::kFloat16) {
+        entry.coverage = "tensors and values; no run (no CPU kernels for float16 in LibTorch 1.13)";
+      }
+    }
+    if (entry.status != Status::kFailed) entry.exercised = entry.cases;
+  } catch (const std::exception& e) {
+    entry.status = Status::kFailed;
+    entry.reason = first_line(e.what());
+  }
+  entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return entry;
+}
+
 nlohmann::json to_json_value(const Entry& e) {
   return {{"kind", e.kind},
           {"property", e.property},
@@ -654,11 +747,19 @@ Report run(const Options& options, const Listener& listener) {
     }
     for (const auto& config : o.models) {
       if (config.numerics) {
-        if (!wanted("P4 backward")) continue;
         for (const auto dtype : o.dtypes) {
+          if (!wanted("P4 backward")) break;
           auto blank = new_entry(kind, "P4 backward", config.name);
           blank.dtype = gen::to_string(dtype);
           run(blank, [&] { return run_numerics(kind, config, subject, dtype); });
+        }
+        for (const std::string property : {"P13 values", "P14 release"}) {
+          if (!wanted(property)) continue;
+          for (const auto dtype : o.dtypes) {
+            auto blank = new_entry(kind, property, config.name);
+            blank.dtype = gen::to_string(dtype);
+            run(blank, [&] { return run_fixture_state(kind, config, subject, dtype, property); });
+          }
         }
         continue;
       }

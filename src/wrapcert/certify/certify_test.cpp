@@ -110,8 +110,8 @@ TEST(Certify, CertifiesACorrectNewKind) {
     ++relay;
   }
   // Generated: 13 properties once, P4, P13 and P14 in four dtypes; the deep chain; gemma-2b
-  // P1-P3; tiny-mistral P4 in four dtypes.
-  EXPECT_EQ(relay, 13u + 3u * 4u + 1u + 3u + 4u);
+  // P1-P3; tiny-mistral P4, P13 and P14 in four dtypes.
+  EXPECT_EQ(relay, 13u + 3u * 4u + 1u + 3u + 3u * 4u);
   EXPECT_EQ(report.count(Status::kFailed), 0u);
 }
 
@@ -509,6 +509,30 @@ TEST(Certify, ACachedOutputInsideCheckpointWrapperIsRejectedNotAHang) {
   ASSERT_TRUE(done) << "P4 hung on CheckpointWrapper(CachedOutput(Linear))";
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "P4 passed a wrapper that returns a stale output";
+}
+
+TEST(Certify, BlamesAReleaseThatMakesACycleOnTheRelease) {
+  auto kind = wrapper_kind<RelayImpl>("CyclicRelease", "_relayed_module");
+  kind.release = [](torch::nn::Module& wrapper) {
+    auto inner = dynamic_cast<WrapperImpl&>(wrapper).inner();
+    inner->register_module("_back", wrapper.shared_from_this());  // the wrapper below itself
+    return inner;
+  };
+  Options o;
+  o.seed = 2;
+  o.cases = 20;
+  o.properties = {"P14"};
+  o.dtypes = {gen::Dtype::kFloat64};
+  const auto report = run(kind, o);
+  size_t rows = 0;
+  for (const auto& e : report.entries) {
+    if (e.kind != "CyclicRelease") continue;
+    ++rows;
+    EXPECT_EQ(e.status, Status::kFailed);
+    EXPECT_THAT(e.reason, HasSubstr("the release of the wrapper kinds (CyclicRelease"));
+    EXPECT_THAT(e.reason, ::testing::Not(HasSubstr("the subject")));
+  }
+  EXPECT_EQ(rows, 1u);
 }
 
 TEST(Certify, RunsTheBuiltInFlatParameterMode) {

@@ -705,68 +705,81 @@ Verdict release(const gen::TreeSpec& spec) {
     for (const auto& w : wrappers) held.push_back(w.kind->inner_of(*w.wrapper, w.path));
 
     const auto root = release_wrappers(built.root);
-    const auto state = state_dict(root);
-    std::string key;
-    const auto diff = key_difference(state.keys(), built.original.keys(), key);
-    if (!diff.empty()) return fail("P14 release", "the released model's keys: " + diff, key);
-    for (size_t i = 0; i < state.size(); ++i) {
-      const auto& got = state[i];
-      if (!got.value().is_same(built.original[i].value())) {
-        return fail("P14 release", "not the model's own tensor after release (a copy?)", got.key());
-      }
-      const auto& want = plain.original[i].value();
-      if (got.value().sizes() != want.sizes() || !got.value().equal(want)) {
-        return fail("P14 release", "values differ after release", got.key());
-      }
-    }
-    if (tie_groups(state) != tie_groups(built.original)) {
-      return fail("P14 release", "ties differ after release", state[0].key());
-    }
-    for (const auto& item : root->named_modules()) {
-      if (const auto* kind = Registry::global().find(*item.value())) {
-        return fail("P14 release", "a " + kind->name + " is still on a path after release",
-                    item.key());
-      }
-    }
-    for (size_t i = 0; i < wrappers.size(); ++i) {
-      const auto& w = wrappers[i];
-      const auto now = find_child(*w.wrapper, w.kind->slot);
-      if (now != held[i]) {
-        return fail("P14 release",
-                    "the " + w.kind->name + " at " + at_path(w.path) +
-                        " no longer holds the module in its slot after release",
-                    detail::join_path(w.path, w.kind->slot));
-      }
-    }
-    const auto again = unwrap_reference(built.root).state_dict().keys();
-    const auto diff_again = key_difference(again, built.original.keys(), key);
-    if (!diff_again.empty()) {
-      return fail("P14 release",
-                  "after release the wrapped model unwraps to other keys: " + diff_again, key);
-    }
-    for (const int64_t batch : {1, 2}) {
-      const auto input = gen::sample_input(spec, gen::scalar_type(spec.dtype), 0, batch);
-      reset_calls(built);
-      const auto expected = step(plain.root, plain.original, input);
-      const auto got = step(root, built.original, input, "the released model");
-      for (const auto& w : built.wrappers) {
-        if (w->calls() != 0) {
-          return fail("P14 release", "the released model still runs through a " + w->kind_name());
+    try {
+      const auto state = state_dict(root);
+      std::string key;
+      const auto diff = key_difference(state.keys(), built.original.keys(), key);
+      if (!diff.empty()) return fail("P14 release", "the released model's keys: " + diff, key);
+      for (size_t i = 0; i < state.size(); ++i) {
+        const auto& got = state[i];
+        if (!got.value().is_same(built.original[i].value())) {
+          return fail("P14 release", "not the model's own tensor after release (a copy?)",
+                      got.key());
+        }
+        const auto& want = plain.original[i].value();
+        if (got.value().sizes() != want.sizes() || !got.value().equal(want)) {
+          return fail("P14 release", "values differ after release", got.key());
         }
       }
-      size_t where = 0;
-      if (!same_grads(got.second, expected.second, 0.0, where)) {
-        return fail(
-            "P14 release",
-            "a gradient of the released model differs (batch of " + std::to_string(batch) + ")",
-            built.original.keys()[where]);
+      if (tie_groups(state) != tie_groups(built.original)) {
+        return fail("P14 release", "ties differ after release", state[0].key());
       }
-      if (!got.first.equal(expected.first)) {
+      for (const auto& item : root->named_modules()) {
+        if (const auto* kind = Registry::global().find(*item.value())) {
+          return fail("P14 release", "a " + kind->name + " is still on a path after release",
+                      item.key());
+        }
+      }
+      for (size_t i = 0; i < wrappers.size(); ++i) {
+        const auto& w = wrappers[i];
+        const auto now = find_child(*w.wrapper, w.kind->slot);
+        if (now != held[i]) {
+          return fail("P14 release",
+                      "the " + w.kind->name + " at " + at_path(w.path) +
+                          " no longer holds the module in its slot after release",
+                      detail::join_path(w.path, w.kind->slot));
+        }
+      }
+      const auto again = unwrap_reference(built.root).state_dict().keys();
+      const auto diff_again = key_difference(again, built.original.keys(), key);
+      if (!diff_again.empty()) {
         return fail("P14 release",
-                    "the released model's output differs (batch of " + std::to_string(batch) + ")");
+                    "after release the wrapped model unwraps to other keys: " + diff_again, key);
       }
+      for (const int64_t batch : {1, 2}) {
+        const auto input = gen::sample_input(spec, gen::scalar_type(spec.dtype), 0, batch);
+        reset_calls(built);
+        const auto expected = step(plain.root, plain.original, input);
+        const auto got = step(root, built.original, input, "the released model");
+        for (const auto& w : built.wrappers) {
+          if (w->calls() != 0) {
+            return fail("P14 release", "the released model still runs through a " + w->kind_name());
+          }
+        }
+        size_t where = 0;
+        if (!same_grads(got.second, expected.second, 0.0, where)) {
+          return fail(
+              "P14 release",
+              "a gradient of the released model differs (batch of " + std::to_string(batch) + ")",
+              built.original.keys()[where]);
+        }
+        if (!got.first.equal(expected.first)) {
+          return fail("P14 release", "the released model's output differs (batch of " +
+                                         std::to_string(batch) + ")");
+        }
+      }
+      return pass("P14 release");
+    } catch (const Error& e) {
+      // The model was a tree before release: a cycle now is the releases' doing.
+      if (e.code() == ErrorCode::kCycle) {
+        std::set<std::string> names(built.kinds.begin(), built.kinds.end());
+        std::string kinds;
+        for (const auto& n : names) kinds += (kinds.empty() ? "" : ", ") + n;
+        detail::note_blame("the release of the wrapper kinds (" + kinds +
+                           ": the released model reaches itself)");
+      }
+      throw;
     }
-    return pass("P14 release");
   });
 }
 
