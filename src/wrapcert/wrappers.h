@@ -26,8 +26,9 @@ class WrapperImpl : public Layer {
   /// Counts the call, then `run`s it.
   torch::Tensor forward(const torch::Tensor& input) final;
 
-  /// The module at the slot; throws `Error` (kEmptySlot) when there is none.
-  ModulePtr inner() const;
+  /// The module at the slot; throws `Error` (kEmptySlot) when there is none. Virtual, for a
+  /// wrapper whose inner module is not simply its slot's (its kind's `inner` says the same).
+  virtual ModulePtr inner() const;
   const std::string& slot() const { return slot_; }
   const std::string& kind_name() const { return kind_name_; }
 

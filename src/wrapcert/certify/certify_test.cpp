@@ -372,6 +372,7 @@ INSTANTIATE_TEST_SUITE_P(
         ContractCase{wrapcert::test_support::second_registration_kind, "P15 owned state"},
         ContractCase{wrapcert::test_support::misdirected_alias_kind, "P16 aliases"},
         ContractCase{wrapcert::test_support::modal_relay_kind, ""},
+        ContractCase{wrapcert::test_support::input_stats_kind, ""},
         ContractCase{wrapcert::test_support::colliding_state_kind, "P15 owned state"}),
     [](const auto& info) { return info.param.kind().name; });
 
@@ -442,7 +443,9 @@ INSTANTIATE_TEST_SUITE_P(
                       RunningFault{wrapcert::test_support::modal_fault_kind, "ModalFault[fused]",
                                    "P4 backward", "", "differs"},
                       RunningFault{wrapcert::test_support::cached_output_kind, "CachedOutput",
-                                   "P4 backward", "", "the backward of the wrapped model threw"}),
+                                   "P4 backward", "", "the backward of the wrapped model threw"},
+                      RunningFault{wrapcert::test_support::colliding_state_kind, "CollidingState",
+                                   "P15 owned state", "", "two entries under one key"}),
     [](const auto& info) {
       std::string name = info.param.certified;
       for (auto& c : name) {

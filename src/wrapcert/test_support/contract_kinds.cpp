@@ -204,6 +204,26 @@ class CollidingStateImpl final : public WrapperImpl {
   }
 };
 
+/// Keeps a statistic of its inputs in a tensor it does not register (LibTorch 1.13's form of a
+/// non-persistent buffer): in no state dict, so nothing to declare; each mode's `make` builds it.
+class InputStatsImpl final : public WrapperImpl {
+ public:
+  explicit InputStatsImpl(ModulePtr inner)
+      : WrapperImpl("InputStats", kSlot, std::move(inner)), seen_(torch::zeros({})) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    {
+      torch::NoGradGuard no_grad;
+      seen_ += input.to(torch::kDouble).abs().sum();
+    }
+    return call(*inner(), input);
+  }
+
+ private:
+  torch::Tensor seen_;
+};
+
 /// Keeps its first output and returns it on every later call.
 class CachedOutputImpl final : public WrapperImpl {
  public:
@@ -236,6 +256,15 @@ WrapperKind aliased_relay_kind() {
 
 WrapperKind flat_shard_kind() {
   return flat_kind<FlatFault::kNone>();
+}
+
+WrapperKind input_stats_kind() {
+  auto kind = wrapper_kind<InputStatsImpl>("InputStats", kSlot);
+  kind.modes.push_back(WrapperMode{
+      "tracked",
+      [](ModulePtr inner) -> ModulePtr { return std::make_shared<InputStatsImpl>(inner); },
+      Numerics::kBitwise});
+  return kind;
 }
 
 WrapperKind modal_relay_kind() {

@@ -18,6 +18,8 @@ WrapperKind aliased_relay_kind();
 WrapperKind flat_shard_kind();
 /// A pass-through with a mode, `ModalRelay[fused]`, also a pass-through.
 WrapperKind modal_relay_kind();
+/// Keeps a non-persistent statistic (a tensor it does not register), in its mode too.
+WrapperKind input_stats_kind();
 
 // Faulty: each breaks one contract.
 /// P14: its release gives the inner modules copies of their parameters.
