@@ -23,6 +23,13 @@ Taken& taken() {
   return *t;
 }
 
+/// Whether another unit holds the parameter `impl` now.
+bool held_elsewhere(const void* impl) {
+  auto& t = taken();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return t.impls.count(impl) != 0;
+}
+
 }  // namespace
 
 FlatParameters::~FlatParameters() {
@@ -55,12 +62,6 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
       if (!skip || !skip(*children[i].value())) stack.push_back(children[i].value());
     }
   }
-  std::unordered_set<const void*> elsewhere;  // held by another unit now
-  {
-    auto& t = taken();
-    std::lock_guard<std::mutex> lock(t.mutex);
-    elsewhere = t.impls;
-  }
   std::unordered_map<const void*, int64_t> offsets;  // a tied parameter is stored once
   std::vector<torch::Tensor> parts;
   std::vector<Piece> pieces;
@@ -74,7 +75,7 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
       const auto& t = p.value();
       // Tied to a parameter another unit holds: it stays with that unit, and this module keeps
       // it registered (its values are that unit's; its gradient is its own plus that unit's).
-      if (elsewhere.count(t.unsafeGetTensorImpl())) continue;
+      if (held_elsewhere(t.unsafeGetTensorImpl())) continue;
       if (!parts.empty() && (t.scalar_type() != parts.front().scalar_type() ||
                              t.device() != parts.front().device())) {
         throw Error(ErrorCode::kInvalidArgument, p.key(),

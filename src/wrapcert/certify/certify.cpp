@@ -40,6 +40,7 @@ using props::Verdict;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kGenerated = "generated trees";
+constexpr const char* kDeepChain = "10,000-deep chain";
 
 /// In a check's child process, where it says which case runs now (so that a hang names it).
 int g_progress_fd = -1;
@@ -47,7 +48,6 @@ int g_progress_fd = -1;
 /// One frame to the parent: a tag ('c' the case running now, 'v' the verdict), the length, the
 /// bytes.
 void write_frame(int fd, char tag, const std::string& bytes);
-constexpr const char* kDeepChain = "10,000-deep chain";
 
 /// Who threw (as noted while the model ran or was built, else the unwrap subject) and the
 /// message's first line: LibTorch appends a backtrace, a report wants the message.
@@ -65,15 +65,19 @@ Entry new_entry(const std::string& kind, const std::string& property, const std:
   return entry;
 }
 
-/// Whether the model `spec` builds holds a wrapper of `kind` (a kind or `Kind[mode]`): built, as
-/// a spec names wrappers the builder may leave out (a skipped node, a list's own stack).
-bool holds(const gen::TreeSpec& spec, const std::string& kind) {
+/// The kinds (or `Kind[mode]`s) the model `spec` builds holds, counted on the built model: a
+/// spec names wrappers the builder may leave out (a skipped node, a list's own stack). Before
+/// the check runs, in a child process, the case is sent to the parent, so that a hang names it.
+/// Empty when the spec does not build (the check cannot run it either).
+std::vector<std::string> kinds_held(const gen::TreeSpec& spec) {
   try {
     const auto built = gen::build(spec);
-    return std::find(built.kinds.begin(), built.kinds.end(), kind) != built.kinds.end();
+    if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(spec, built));
+    return built.kinds;
   } catch (const std::exception&) {
     (void)detail::take_blame();
-    return false;  // it does not build: the check could not run it either
+    if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(spec));
+    return {};
   }
 }
 
@@ -102,10 +106,12 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   const auto result = detail::check_quietly(
       kind + "." + property.name, options.seed, options.cases, options.max_size, [&] {
         const auto spec = *trees;
-        if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(spec));
+        const auto held = kinds_held(spec);
         const auto v = property.check(spec, subject, translator);
         ++*runs;
-        if (!v.skipped && holds(spec, kind)) ++(*in_mode)[spec.eval ? 1 : 0];
+        if (!v.skipped && std::find(held.begin(), held.end(), kind) != held.end()) {
+          ++(*in_mode)[spec.eval ? 1 : 0];
+        }
         if (!v.passed) {
           *shrunk = spec;  // shrinking accepts smaller failures in turn: the last is the minimum
           *verdict = v;
@@ -264,11 +270,6 @@ Entry run_numerics(const std::string& kind, const Model& config,
   const auto numerics = ref.numerics();
   const double tol =
       numerics == Numerics::kTolerance ? ref.kind->tolerance * gen::epsilon(dtype) : 0.0;
-  auto close = [](const torch::Tensor& a, const torch::Tensor& b, double tolerance) {
-    return a.defined() && b.defined() && a.scalar_type() == b.scalar_type() &&
-           a.sizes() == b.sizes() &&
-           (tolerance == 0.0 ? a.equal(b) : torch::allclose(a, b, tolerance, tolerance));
-  };
   const auto type = gen::scalar_type(dtype);
   try {
     const auto ids = torch::tensor({{3, 1, 4, 1, 5, 9}}, torch::kLong);
@@ -284,38 +285,25 @@ Entry run_numerics(const std::string& kind, const Model& config,
         wrapped->eval();
       }
       const auto plain_params = state_dict(plain);
-      auto one_step = [&](const ModulePtr& root, const StateDict& of) {
-        for (auto& p : root->parameters()) p.mutable_grad() = torch::Tensor();
-        for (const auto& item : of) {
-          if (item.value().requires_grad()) item.value().mutable_grad() = torch::Tensor();
-        }
-        auto out = call(*root, ids);
-        out.to(torch::kDouble).pow(2).mean().backward();
-        return std::make_pair(out.detach(), props::model_gradients(root, of));
-      };
       auto grads_differ = [&](const std::vector<torch::Tensor>& got,
                               const std::vector<torch::Tensor>& want, double tolerance) {
-        for (size_t i = 0; i < want.size(); ++i) {
-          if (want[i].defined() != got[i].defined() ||
-              (want[i].defined() && !close(got[i], want[i], tolerance))) {
-            entry.key = params[i].key();
-            return true;
-          }
-        }
-        return false;
+        size_t where = 0;
+        if (props::same_grads(got, want, tolerance, where)) return false;
+        entry.key = params[where].key();
+        return true;
       };
       for (const char* call_name : {"first call", "repeated call"}) {
-        const auto expected = one_step(plain, plain_params);
+        const auto expected = props::step(plain, plain_params, ids);
         const std::string at = " (" + mode + ", " + call_name + ")";
         // A kind that changes outputs by design around every decoder layer feeds the next one
         // what it does not take: only its unwrapped run is compared.
         if (numerics != Numerics::kChangesOutput) {
           for (const auto& w : wrappers) w->reset_calls();
-          const auto got = one_step(wrapped, params);
+          const auto got = props::step(wrapped, params, ids, "the wrapped model");
           for (const auto& w : wrappers) {
             if (w->calls() == 0) return failed("the wrapped run skipped a wrapper" + at);
           }
-          if (!close(got.first, expected.first, tol)) {
+          if (!props::close(got.first, expected.first, tol)) {
             return failed("the wrapped run's output differs from the model's" + at);
           }
           if (grads_differ(got.second, expected.second, tol)) {
@@ -327,13 +315,13 @@ Entry run_numerics(const std::string& kind, const Model& config,
         if (numerics == Numerics::kNeedsRelease) continue;
         const auto u = subject(wrapped);
         for (const auto& w : wrappers) w->reset_calls();
-        const auto run = one_step(u.root, params);
+        const auto run = props::step(u.root, params, ids, "the unwrapped model");
         for (const auto& w : wrappers) {
           if (w->calls() != 0) {
             return failed("the unwrapped run went through a " + w->kind_name() + at);
           }
         }
-        if (!close(run.first, expected.first, 0.0) ||
+        if (!props::close(run.first, expected.first, 0.0) ||
             grads_differ(run.second, expected.second, 0.0)) {
           return failed("the unwrapped model's output or gradients differ from the model's" + at);
         }
@@ -409,19 +397,11 @@ Entry run_fixture_state(const std::string& kind, const Model& config,
         if (entry.status == Status::kFailed || dtype == gen::Dtype::kFloat16) break;
         plain->train(!eval);
         root->train(!eval);
-        auto one = [&ids](const ModulePtr& m, const StateDict& of) {
-          for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
-          auto out = call(*m, ids);
-          out.to(torch::kDouble).pow(2).mean().backward();
-          return std::make_pair(out.detach(), props::model_gradients(m, of));
-        };
-        const auto a = one(plain, expected);
-        const auto b = one(root, original);
-        bool same = a.first.equal(b.first);
-        for (size_t i = 0; same && i < a.second.size(); ++i) {
-          same = a.second[i].defined() == b.second[i].defined() &&
-                 (!a.second[i].defined() || a.second[i].equal(b.second[i]));
-        }
+        const auto a = props::step(plain, expected, ids);
+        const auto b = props::step(root, original, ids, "the released model");
+        size_t where = 0;
+        const bool same = props::close(a.first, b.first, 0.0) &&
+                          props::same_grads(b.second, a.second, 0.0, where);
         if (!same) {
           failed(std::string("the released model computes otherwise than the model (") +
                  (eval ? "eval" : "training") + " mode)");

@@ -15,6 +15,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace wrapcert::props {
 
@@ -64,6 +66,20 @@ std::optional<KeyDifference> first_key_difference(const std::vector<std::string>
 /// parameter's storage, as FSDP's flat parameter does and `FlatParameters` arranges). Undefined
 /// where no gradient reached it: a forward on detached views leaves the flat gradient empty.
 std::vector<torch::Tensor> model_gradients(const ModulePtr& root, const StateDict& params);
+
+/// One step: the output (detached) and `model_gradients`.
+using Step = std::pair<torch::Tensor, std::vector<torch::Tensor>>;
+/// Clears the gradients of `params` and of `run`'s parameters, runs `run` on `input` and
+/// differentiates the sum of its squared outputs. An exception in backward is blamed on `who`.
+Step step(const ModulePtr& run, const StateDict& params, const torch::Tensor& input,
+          const char* who = "the model");
+/// Both undefined, or the same dtype and shape and equal: bit for bit when `tolerance` is 0,
+/// else within it (relative and absolute).
+bool close(const torch::Tensor& a, const torch::Tensor& b, double tolerance);
+/// Whether two gradient lists agree (`close`, and defined alike); `where` is the first index
+/// where they do not.
+bool same_grads(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
+                double tolerance, size_t& where);
 
 /// Keys grouped by the tensor they share: every group of two or more keys (what P3 compares).
 std::set<std::vector<std::string>> tie_groups(const StateDict& state);

@@ -122,35 +122,38 @@ rc::Gen<TreeSpec> trees(GenOptions options) {
 
 std::string describe(const TreeSpec& spec, const std::string& highlight) {
   try {
-    const auto built = build(spec, {std::nullopt, 0, true});
-    std::string listing;
-    std::istringstream lines(format_keys(state_dict(built.root)));
-    for (std::string line; std::getline(lines, line);) {
-      const auto key = line.substr(0, line.find(' '));
-      const bool hit = !highlight.empty() &&
-                       (key == highlight || (key.size() > highlight.size() &&
-                                             key.compare(key.size() - highlight.size() - 1,
-                                                         std::string::npos, "." + highlight) == 0));
-      listing += line + (hit ? "  <-- here" : "") + "\n";
-    }
-    // Counted on the tree as printed: each module once, however often it is reached.
-    const auto view = ModuleView::of(built.root);
-    size_t modules = 0;
-    for (size_t i = 0; i < view.size(); ++i) {
-      modules += dynamic_cast<const WrapperImpl*>(view.node(i).module.get()) == nullptr;
-    }
-    std::string running;
-    if (spec.dtype != Dtype::kFloat64 || spec.eval) {
-      running = std::string("built in ") + to_string(spec.dtype) + ", run in " +
-                (spec.eval ? "eval" : "training") + " mode\n";
-    }
-    return running + format_tree(built.root) + "\nwrapped keys:\n" + listing +
-           std::to_string(modules) + " modules, " + std::to_string(view.size() - modules) +
-           " wrappers";
+    return describe(spec, build(spec, {std::nullopt, 0, true}), highlight);
   } catch (const std::exception& e) {
     const std::string what = e.what();  // LibTorch appends a backtrace: the first line says why
     return "<the spec does not build: " + what.substr(0, what.find('\n')) + ">";
   }
+}
+
+std::string describe(const TreeSpec& spec, const Built& built, const std::string& highlight) {
+  std::string listing;
+  std::istringstream lines(format_keys(state_dict(built.root)));
+  for (std::string line; std::getline(lines, line);) {
+    const auto key = line.substr(0, line.find(' '));
+    const bool hit = !highlight.empty() &&
+                     (key == highlight || (key.size() > highlight.size() &&
+                                           key.compare(key.size() - highlight.size() - 1,
+                                                       std::string::npos, "." + highlight) == 0));
+    listing += line + (hit ? "  <-- here" : "") + "\n";
+  }
+  // Counted on the tree as printed: each module once, however often it is reached.
+  const auto view = ModuleView::of(built.root);
+  size_t modules = 0;
+  for (size_t i = 0; i < view.size(); ++i) {
+    modules += dynamic_cast<const WrapperImpl*>(view.node(i).module.get()) == nullptr;
+  }
+  std::string running;
+  if (spec.dtype != Dtype::kFloat64 || spec.eval) {
+    running = std::string("built in ") + to_string(spec.dtype) + ", run in " +
+              (spec.eval ? "eval" : "training") + " mode\n";
+  }
+  return running + format_tree(built.root) + "\nwrapped keys:\n" + listing +
+         std::to_string(modules) + " modules, " + std::to_string(view.size() - modules) +
+         " wrappers";
 }
 
 void showValue(const TreeSpec& spec, std::ostream& os) {

@@ -39,6 +39,9 @@ rc::Gen<TreeSpec> trees(GenOptions options = {});
 /// The spec's wrapped model as PyTorch prints it, then its wrapped state-dict keys; with
 /// `highlight`, the keys that are it or end with it are marked `<-- here`.
 std::string describe(const TreeSpec& spec, const std::string& highlight = {});
+struct Built;
+/// The same for a model already built from `spec` (`build(spec)`, not run yet).
+std::string describe(const TreeSpec& spec, const Built& built, const std::string& highlight = {});
 /// rapidcheck's printer hook.
 void showValue(const TreeSpec& spec, std::ostream& os);
 
