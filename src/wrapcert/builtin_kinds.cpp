@@ -40,11 +40,52 @@ Registry Registry::with_builtins() {
                                          std::move(inner), flat);
                                    },
                                    Numerics::kNeedsRelease});
+  // Across ranks (certified at world sizes above one, where they differ from "flat"): the flat
+  // parameter sharded (`FULL_SHARD`), and sharded with bfloat16 compute and float32 reduction.
+  AcrossRanks across;
+  across.certify = true;
+  FsdpOptions sharded = flat;
+  sharded.sharded = true;
+  WrapperMode sharded_mode{"sharded",
+                           [sharded](ModulePtr inner) -> ModulePtr {
+                             return std::make_shared<FullyShardedDataParallelImpl>(std::move(inner),
+                                                                                   sharded);
+                           },
+                           Numerics::kNeedsRelease};
+  sharded_mode.ranks = across;
+  sharded_mode.ranks_only = true;
+  fsdp.modes.push_back(sharded_mode);
+  FsdpOptions mixed = sharded;
+  mixed.compute_dtype = torch::kBFloat16;
+  AcrossRanks across_mixed = across;
+  across_mixed.compute_dtype = torch::kBFloat16;
+  WrapperMode mixed_mode{"mixed",
+                         [mixed](ModulePtr inner) -> ModulePtr {
+                           return std::make_shared<FullyShardedDataParallelImpl>(std::move(inner),
+                                                                                 mixed);
+                         },
+                         Numerics::kNeedsRelease};
+  mixed_mode.ranks = across_mixed;
+  mixed_mode.ranks_only = true;
+  fsdp.modes.push_back(mixed_mode);
   registry.add(std::move(fsdp));
   auto fsdp_v2 = wrapper_kind<SpmdFullyShardedDataParallelImpl>("SpmdFullyShardedDataParallel",
                                                                 "_orig_module");
   fsdp_v2.aliases = {"module"};  // torch_xla: `module` is a property aliasing `_orig_module`
   fsdp_v2.forwards_attributes = true;
+  fsdp_v2.release = [](torch::nn::Module& wrapper) {
+    return dynamic_cast<SpmdFullyShardedDataParallelImpl&>(wrapper).release();
+  };
+  // Across ranks: every parameter sharded along its first dimension over a one-dimensional mesh.
+  WrapperMode spmd_sharded{"sharded", [](ModulePtr inner) -> ModulePtr {
+                             SpmdOptions options;
+                             options.sharded = true;
+                             return std::make_shared<SpmdFullyShardedDataParallelImpl>(
+                                 std::move(inner), options);
+                           }};
+  spmd_sharded.ranks = across;
+  spmd_sharded.ranks_only = true;
+  fsdp_v2.modes.push_back(spmd_sharded);
   registry.add(std::move(fsdp_v2));
   auto compiled = pass_through_kind<detail::OptimizedModuleTag>();
   compiled.forwards_attributes = true;  // OptimizedModule.__getattr__ falls through to _orig_mod

@@ -1,40 +1,19 @@
 #pragma once
-/// Data parallelism over a real c10d process group (Gloo), and the `DistributedDataParallel`
-/// wrapper that averages gradients across ranks after backward, as the real one does.
+/// The `DistributedDataParallel` wrapper, over a real c10d process group (`process_group.h`):
+/// it averages gradients across ranks after backward, as the real one does.
 ///
-///   auto group = wrapcert::ProcessGroup::gloo("/tmp/store", rank, world_size);
-///   auto ddp = std::make_shared<wrapcert::DistributedDataParallelImpl>(model, group);
+///   wrapcert::ProcessGroup::set_default(wrapcert::ProcessGroup::join(*rendezvous));
+///   auto ddp = std::make_shared<wrapcert::DistributedDataParallelImpl>(model);
 ///   wrapcert::call(*ddp, x).sum().backward();   // grads are now the average over ranks
 
+#include <wrapcert/process_group.h>
 #include <wrapcert/wrappers.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 namespace wrapcert {
-
-/// A c10d process group, opaque here so that this header does not pull in c10d and Gloo.
-class ProcessGroup {
- public:
-  /// Gloo over a `c10d::FileStore` at `store_path` (all ranks use the same path), bound to the
-  /// loopback interface. Blocks until all `world_size` ranks have joined.
-  static std::shared_ptr<ProcessGroup> gloo(const std::string& store_path, int rank,
-                                            int world_size);
-  /// A world-size-1 Gloo group of this process, created on first use.
-  static std::shared_ptr<ProcessGroup> single_process();
-
-  int rank() const;
-  int size() const;
-  /// Sums `tensor` over all ranks, in place (blocking).
-  void all_reduce_sum(torch::Tensor& tensor);
-
-  struct Impl;
-  explicit ProcessGroup(std::unique_ptr<Impl> impl);
-  ~ProcessGroup();
-
- private:
-  std::unique_ptr<Impl> impl_;
-};
 
 /// `torch.nn.parallel.DistributedDataParallel` (`module`). A forward through the wrapper arms a
 /// gradient hook on every parameter of the inner module (installed on the first forward); in the
@@ -42,7 +21,7 @@ class ProcessGroup {
 /// inner module alone is not reduced (the real reducer only acts after a DDP forward).
 class DistributedDataParallelImpl final : public WrapperImpl {
  public:
-  /// Without a group, uses `ProcessGroup::single_process()`.
+  /// Without a group, uses `ProcessGroup::current()`.
   explicit DistributedDataParallelImpl(ModulePtr inner,
                                        std::shared_ptr<ProcessGroup> group = nullptr);
   ~DistributedDataParallelImpl() override;

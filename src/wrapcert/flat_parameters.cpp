@@ -103,6 +103,7 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
   }
   holder_ = &holder;
   name_ = std::move(name);
+  numel_ = flat.numel();
   pieces_ = std::move(pieces);
   auto& t = taken();
   std::lock_guard<std::mutex> lock(t.mutex);
@@ -116,7 +117,11 @@ torch::Tensor FlatParameters::flat() const {
 
 FlatParameters::Unsharded FlatParameters::unshard() {
   if (!holding()) return Unsharded(nullptr);
-  const auto whole = flat();
+  return unshard(flat());
+}
+
+FlatParameters::Unsharded FlatParameters::unshard(const torch::Tensor& whole) {
+  if (!holding()) return Unsharded(nullptr);
   for (const auto& piece : pieces_) {
     detail::insert_parameter(
         *piece.owner, piece.name,
@@ -140,6 +145,7 @@ void FlatParameters::restore() {
   forget();
   pieces_.clear();
   holder_ = nullptr;
+  numel_ = 0;
 }
 
 }  // namespace wrapcert

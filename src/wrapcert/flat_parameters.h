@@ -86,6 +86,11 @@ class FlatParameters {
   };
   /// Nothing to do (an empty guard) when not holding.
   [[nodiscard]] Unsharded unshard();
+  /// The same with views of `whole` (a tensor of the flat tensor's size, e.g. gathered from the
+  /// shards of the ranks, possibly in another dtype) in place of the registered flat tensor.
+  [[nodiscard]] Unsharded unshard(const torch::Tensor& whole);
+  /// The number of elements of the flat tensor (0 when not holding).
+  int64_t numel() const { return numel_; }
 
   /// Registers every original again where it was, in its place among its module's parameters,
   /// and unregisters the flat tensor from the holder. A no-op when not holding.
@@ -97,6 +102,7 @@ class FlatParameters {
 
   torch::nn::Module* holder_ = nullptr;
   std::string name_;
+  int64_t numel_ = 0;
   std::vector<Piece> pieces_;
 };
 

@@ -45,6 +45,10 @@ Numerics KindRef::numerics() const {
   return mode ? mode->numerics : kind->numerics;
 }
 
+const AcrossRanks& KindRef::ranks() const {
+  return mode && mode->ranks ? *mode->ranks : kind->ranks;
+}
+
 WrapperKind KindRef::descriptor() const {
   WrapperKind copy = *kind;
   if (mode) {
@@ -124,7 +128,22 @@ std::vector<std::string> Registry::names_with_modes() const {
   std::vector<std::string> out;
   for (const auto& kind : kinds_) {
     out.push_back(kind.name);
-    for (const auto& mode : kind.modes) out.push_back(kind.name + "[" + mode.name + "]");
+    for (const auto& mode : kind.modes) {
+      if (!mode.ranks_only) out.push_back(kind.name + "[" + mode.name + "]");
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Registry::names_across_ranks() const {
+  std::vector<std::string> out;
+  for (const auto& kind : kinds_) {
+    if (kind.ranks.certify) out.push_back(kind.name);
+    for (const auto& mode : kind.modes) {
+      if (mode.ranks ? mode.ranks->certify : kind.ranks.certify) {
+        out.push_back(kind.name + "[" + mode.name + "]");
+      }
+    }
   }
   return out;
 }

@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <typeindex>
@@ -35,12 +36,38 @@ enum class Numerics {
 
 using ModulePtr = std::shared_ptr<torch::nn::Module>;
 
+/// What a wrapper does with the gradients of the ranks (`torch.distributed`'s reduce op): torch's
+/// `DistributedDataParallel` and `FullyShardedDataParallel` average them.
+enum class GradientReduction { kMean, kSum };
+
+/// How a kind behaves across the ranks of a process group, for certification at a world size
+/// above one (`certify::run_ranks`, `wrapcert certify --world-size N`).
+struct AcrossRanks {
+  /// Certified across ranks: it synchronises gradients (and may shard state) over
+  /// `ProcessGroup::current()`.
+  bool certify = false;
+  /// May wrap modules inside a wrapper of its own kind (FSDP units); false: the root only (DDP).
+  bool nests = true;
+  GradientReduction reduction = GradientReduction::kMean;
+  /// Mixed precision: the wrapped forward and backward compute in this dtype (parameters and
+  /// inputs cast, outputs cast back) while the shards and their gradients stay in the model's.
+  std::optional<c10::ScalarType> compute_dtype;
+};
+
 /// Another way to build wrappers of a kind, certified on its own as `Kind[mode]`
 /// (`FullyShardedDataParallel[flat]`: `use_orig_params=False`, flat parameters).
 struct WrapperMode {
+  WrapperMode(std::string name, std::function<ModulePtr(ModulePtr inner)> make,
+              Numerics numerics = Numerics::kBitwise)
+      : name(std::move(name)), make(std::move(make)), numerics(numerics) {}
   std::string name;
   std::function<ModulePtr(ModulePtr inner)> make;
   Numerics numerics = Numerics::kBitwise;
+  /// How this mode behaves across ranks; unset: as its kind does.
+  std::optional<AcrossRanks> ranks;
+  /// Differs from the kind only across ranks (sharded state): certified at world sizes above
+  /// one, and left out of single-process certification, where it would run as the kind does.
+  bool ranks_only = false;
 };
 
 struct WrapperKind {
@@ -83,6 +110,8 @@ struct WrapperKind {
   std::function<ModulePtr(torch::nn::Module& wrapper)> release;
   /// Other ways to build it (`modes[i].name` names it `Kind[mode]`).
   std::vector<WrapperMode> modes;
+  /// How it behaves across ranks (not at all, by default).
+  AcrossRanks ranks;
 
   /// Resolves `inner`, throwing `Error` (kEmptySlot) with `path` when the slot is empty.
   ModulePtr inner_of(const torch::nn::Module& wrapper, const std::string& path) const;
@@ -102,6 +131,8 @@ struct KindRef {
   std::string name() const;
   ModulePtr make(ModulePtr inner) const;
   Numerics numerics() const;
+  /// The mode's `ranks`, else the kind's.
+  const AcrossRanks& ranks() const;
   /// The kind's descriptor with the mode's `make` and `numerics` (for `auto_wrap`).
   WrapperKind descriptor() const;
 };
@@ -140,8 +171,11 @@ class Registry {
   const std::vector<WrapperKind>& kinds() const { return kinds_; }
   std::vector<std::string> names() const;
   /// Every kind's name, each followed by its modes' `Kind[mode]` names: what certification
-  /// covers by default.
+  /// covers by default (modes that differ only across ranks left out).
   std::vector<std::string> names_with_modes() const;
+  /// Every kind and mode that declares `ranks.certify`: what certification across ranks covers
+  /// by default.
+  std::vector<std::string> names_across_ranks() const;
 
  private:
   std::vector<WrapperKind> kinds_;

@@ -12,9 +12,11 @@
 #include <wrapcert/layer.h>
 #include <wrapcert/plugin.h>
 #include <wrapcert/printer.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/recipes.h>
 #include <wrapcert/registry.h>
 #include <wrapcert/release_tree.h>
+#include <wrapcert/sharding.h>
 #include <wrapcert/state_dict.h>
 #include <wrapcert/unwrap.h>
 #include <wrapcert/view.h>

@@ -11,6 +11,7 @@
 #include <wrapcert/flat_parameters.h>
 #include <wrapcert/layer.h>
 #include <wrapcert/registry.h>
+#include <wrapcert/sharding.h>
 
 #include <cstdint>
 #include <string>
@@ -81,19 +82,34 @@ class CheckpointWrapperImpl final : public WrapperImpl {
   torch::Tensor run(const torch::Tensor& input) override;
 };
 
+struct SpmdOptions {
+  /// Every parameter of the subtree (but those under a nested `SpmdFullyShardedDataParallel`)
+  /// sharded along its first dimension across `ProcessGroup::current()`, as XLA shards it over a
+  /// one-dimensional mesh (`ShardedParameters`); keys keep `_orig_module`.
+  bool sharded = false;
+};
+
 /// torch_xla's `SpmdFullyShardedDataParallel` (`_orig_module`, alias `module`), the seed's
 /// wrapper. `shard_output`, when given, is called on every forward output (torch_xla marks its
 /// sharding there).
-class SpmdFullyShardedDataParallelImpl final : public WrapperImpl {
+class SpmdFullyShardedDataParallelImpl final : public WrapperImpl, public ShardedModule {
  public:
   using ShardOutput = std::function<void(const torch::Tensor& output)>;
   explicit SpmdFullyShardedDataParallelImpl(ModulePtr inner, ShardOutput shard_output = nullptr);
+  SpmdFullyShardedDataParallelImpl(ModulePtr inner, SpmdOptions options);
+
+  /// Gives every module its own parameters back, gathered (a collective when sharded); returns
+  /// the inner module.
+  ModulePtr release();
+  std::vector<LocalShard> local_shards() const override;
+  std::vector<std::pair<std::string, torch::Tensor>> full_state_dict(int root) override;
 
  protected:
   torch::Tensor run(const torch::Tensor& input) override;
 
  private:
   ShardOutput shard_output_;
+  ShardedParameters shards_;
 };
 
 /// accelerate's fp32-output conversion (`convert_outputs_to_fp32`), as a module level (`module`)
@@ -112,13 +128,21 @@ struct FsdpOptions {
   /// modules' parameters leave their registries (keys show the flat parameter, not the
   /// originals); a forward through the wrapper runs them on views of it.
   bool flat_parameters = false;
+  /// `FULL_SHARD` (with `flat_parameters`): `_flat_param` is this rank's rows of the flat tensor
+  /// (padded to a multiple of the world size of `ProcessGroup::current()`), all-gathered before
+  /// each forward and freed after, its gradient reduce-scattered.
+  bool sharded = false;
+  /// `MixedPrecision(param_dtype=..., reduce_dtype=float32)` (with `sharded`): the forward and
+  /// backward run in this dtype on a cast of the gathered parameters, the input cast to it and
+  /// the output cast back; shards stay in the model's dtype, gradients are reduced in float32.
+  std::optional<c10::ScalarType> compute_dtype;
 };
 
 /// `torch.distributed.fsdp.FullyShardedDataParallel` (`_fsdp_wrapped_module`). With flat
 /// parameters it covers the parameters of its subtree except those under a nested
 /// `FullyShardedDataParallel`; the inner modules must read parameters through their registry
 /// (`wrapcert::Layer`s and the fixtures do; LibTorch's `Linear` reads a member and does not).
-class FullyShardedDataParallelImpl final : public WrapperImpl {
+class FullyShardedDataParallelImpl final : public WrapperImpl, public ShardedModule {
  public:
   explicit FullyShardedDataParallelImpl(ModulePtr inner, FsdpOptions options = {});
 
@@ -130,14 +154,23 @@ class FullyShardedDataParallelImpl final : public WrapperImpl {
   bool flat() const { return flat_.holding(); }
   /// Gives every inner module its original parameters back, the very tensors it had, holding
   /// the flat parameter's current values; drops the flat parameter. Afterwards the wrapper
-  /// passes calls through. Returns the inner module. A no-op without a flat parameter.
+  /// passes calls through. Returns the inner module. A no-op without a flat parameter. Sharded,
+  /// a collective: the shards are gathered first.
   ModulePtr release();
+
+  /// Sharded: this rank's part of each original parameter (empty otherwise).
+  std::vector<LocalShard> local_shards() const override;
+  std::vector<std::pair<std::string, torch::Tensor>> full_state_dict(int root) override;
 
  protected:
   torch::Tensor run(const torch::Tensor& input) override;
 
  private:
+  FsdpOptions options_;
   FlatParameters flat_;
+  std::shared_ptr<ProcessGroup> group_;  // sharded: the ranks
+  RowShard shard_;
+  torch::Tensor whole_;  // sharded: the originals' storage (they are views of it)
 };
 
 }  // namespace wrapcert
