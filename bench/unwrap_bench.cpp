@@ -6,7 +6,9 @@
 // scripts/bench.sh does all of it.
 
 #include <wrapcert/certify/certify.h>
+#include <wrapcert/certify/launch.h>
 #include <wrapcert/certify/properties.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/certification.h>
 #include <wrapcert/gen/generators.h>
@@ -22,7 +24,11 @@
 #include <torch/version.h>
 
 #include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -375,6 +381,91 @@ void BM_CertifyPython(benchmark::State& state) {
   state.counters["cases"] = stats.structural_cases + stats.numeric_cases;
 }
 
+/// Kinds certified across ranks by BM_CertifyAcrossRanks, by argument.
+const char* const kRankKinds[] = {"FullyShardedDataParallel[sharded]", "DistributedDataParallel"};
+
+/// This program, as a rank of BM_CertifyAcrossRanks (`--rank-run KIND`): default options.
+int run_as_rank(const std::string& kind) {
+  wrapcert::certify::Options options;
+  options.seed = 1;
+  options.kinds = {kind};
+  const auto report =
+      wrapcert::certify::run_rank(options, *wrapcert::Rendezvous::from_env(), nullptr);
+  return report.passed() ? 0 : 1;
+}
+
+void BM_CertifyAcrossRanks(benchmark::State& state) {
+  // `wrapcert certify --world-size N --wrappers KIND` with default options (100 cases per
+  // property, P4 in four dtypes): wall time, ranks started and watched by the launcher. P4's
+  // cases per second per dtype, from rank 0's entries.
+  const std::string kind = kRankKinds[state.range(0)];
+  const int world = static_cast<int>(state.range(1));
+  state.SetLabel(kind);
+  wrapcert::certify::World w;
+  w.size = world;
+  w.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "--rank-run", kind};
+  wrapcert::certify::Options options;
+  options.seed = 1;
+  options.kinds = {kind};
+  wrapcert::certify::Report report;
+  for (auto _ : state) {
+    report = wrapcert::certify::launch_ranks(options, w);
+    if (!report.passed()) {
+      for (const auto& e : report.entries) {
+        if (e.status == wrapcert::certify::Status::kFailed) {
+          state.SkipWithError((kind + ": " + e.property + " failed: " + e.reason).c_str());
+          break;
+        }
+      }
+    }
+  }
+  for (const auto& e : report.entries) {
+    if (e.property.rfind("P4 ", 0) == 0 && e.seconds > 0) {
+      state.counters["p4_" + e.dtype + "_cases_per_s"] = e.cases / e.seconds;
+    }
+  }
+}
+
+void BM_CollectiveRoundTrip(benchmark::State& state) {
+  // One all-gather of a short text between two ranks over Gloo on the loopback (what each case
+  // of a certification across ranks does a few times): this process is rank 0, a forked child
+  // rank 1, meeting at a TCPStore this process serves.
+  constexpr int kTrips = 2000;
+  wrapcert::StoreServer store(0);
+  wrapcert::Rendezvous r;
+  r.master_port = store.port();
+  r.world_size = 2;
+  r.store_served = true;
+  r.timeout = std::chrono::seconds(60);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    r.rank = 1;
+    auto group = wrapcert::ProcessGroup::join(r);
+    // Rank 0's calls in pairs, the second saying whether to go on.
+    while (true) {
+      (void)group->all_gather_text("x");
+      if (group->all_gather_text("?")[0] == "stop") break;
+    }
+    ::_exit(0);
+  }
+  r.rank = 0;
+  auto group = wrapcert::ProcessGroup::join(r);
+  for (auto _ : state) {
+    for (int i = 0; i < kTrips; ++i) {
+      benchmark::DoNotOptimize(group->all_gather_text("x"));
+      benchmark::DoNotOptimize(group->all_gather_text("go"));
+    }
+  }
+  (void)group->all_gather_text("x");
+  (void)group->all_gather_text("stop");
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  state.SetItemsProcessed(state.iterations() * kTrips * 2);
+  state.counters["us_per_round_trip"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * kTrips * 2,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 // clang-format off
 BENCHMARK(BM_NamedModulesWalk)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
 BENCHMARK(BM_NamedParametersKeys)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
@@ -399,11 +490,14 @@ BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyBackward);
 BENCHMARK(BM_CertifyOneKind)->ArgName("kind")->DenseRange(0, 3)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyPython)->ArgName("wrapper")->DenseRange(0, 2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_CertifyAcrossRanks)->ArgNames({"kind", "world"})->ArgsProduct({{0, 1}, {2, 4}})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_CollectiveRoundTrip)->Unit(benchmark::kMicrosecond)->UseRealTime();
 // clang-format on
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--rank-run") return run_as_rank(argv[2]);
   benchmark::AddCustomContext("wrapcert_version", WRAPCERT_VERSION);
   benchmark::AddCustomContext("libtorch_version", TORCH_VERSION);
   benchmark::AddCustomContext("layouts", "layout:0 = gemma-2b, layout:1 = mistral-7b");

@@ -2,6 +2,9 @@
 
 #include <wrapcert/certify/certify.h>
 #include <wrapcert/certify/hardware.h>
+#include <wrapcert/certify/launch.h>
+#include <wrapcert/certify/ranks.h>
+#include <wrapcert/distributed.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/certification.h>
 #include <wrapcert/fixtures/demo.h>
@@ -22,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <random>
 
 namespace {
 
@@ -413,7 +417,18 @@ struct CertifyOptions {
   std::vector<std::string> properties;
   int timeout = wrapcert::certify::Options{}.timeout_seconds;
   bool in_process = false;
+  // Across ranks.
+  int world_size = 0;
+  int rank = -1;
+  std::string master_addr;
+  int master_port = 0;
 };
+
+/// This program's command line, for the ranks `--world-size` starts.
+std::vector<std::string>& command_line() {
+  static std::vector<std::string> words;
+  return words;
+}
 
 /// googletest's rhythm on the console.
 wrapcert::certify::Listener console_listener(bool quiet) {
@@ -481,6 +496,58 @@ int run_certify(const CertifyOptions& o) {
       if (name == wrapcert::gen::to_string(dtype)) options.dtypes.push_back(dtype);
     }
   }
+  // Across ranks: as one rank (torchrun's variables, or --rank), or as the launcher of them.
+  auto rendezvous = wrapcert::Rendezvous::from_env();
+  if (o.rank >= 0) {
+    if (!rendezvous) rendezvous.emplace();
+    rendezvous->rank = o.rank;
+  }
+  if (rendezvous) {
+    if (o.world_size > 0) {
+      if (std::getenv("WORLD_SIZE") && o.world_size != rendezvous->world_size && o.rank < 0) {
+        throw CLI::ValidationError("--world-size", std::to_string(o.world_size) +
+                                                       " differs from WORLD_SIZE=" +
+                                                       std::to_string(rendezvous->world_size));
+      }
+      rendezvous->world_size = o.world_size;
+    }
+    if (!o.master_addr.empty()) rendezvous->master_addr = o.master_addr;
+    if (o.master_port > 0) rendezvous->master_port = o.master_port;
+    const char* served = std::getenv("WRAPCERT_STORE_SERVED");
+    const bool launched = served && std::string(served) == "1";
+    // Under wrapcert's launcher, a rank waits longer in a collective than the launcher waits
+    // for progress, so that the launcher names a hung rank before its peers give up on it.
+    rendezvous->timeout = std::chrono::seconds(launched ? 2 * o.timeout + 30 : o.timeout);
+    rendezvous->validate();
+    const bool lead = rendezvous->rank == 0;
+    const auto report =
+        wrapcert::certify::run_rank(options, *rendezvous, console_listener(o.quiet || !lead));
+    if (launched || !lead) return report.passed() ? 0 : kExitFound;
+    return write_reports(report, o.markdown, o.json, o.junit);
+  }
+  if (o.world_size > 0) {
+    wrapcert::certify::World world;
+    world.size = o.world_size;
+    world.timeout_seconds = o.timeout;
+    world.command = command_line();
+    for (const auto& word : world.command) {
+      const bool plain =
+          word.find_first_not_of(
+              "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=,") ==
+          std::string::npos;
+      world.replay += (world.replay.empty() ? "" : " ") + (plain ? word : "'" + word + "'");
+    }
+    world.command[0] = std::filesystem::read_symlink("/proc/self/exe").string();
+    if (options.seed == 0) {
+      // One seed for every rank, printed for replay.
+      options.seed = std::random_device{}() | 1u;
+      world.command.push_back("--seed");
+      world.command.push_back(std::to_string(options.seed));
+      world.replay += " --seed " + std::to_string(options.seed);
+    }
+    const auto report = wrapcert::certify::launch_ranks(options, world, console_listener(o.quiet));
+    return write_reports(report, o.markdown, o.json, o.junit);
+  }
   const auto report = wrapcert::certify::run(options, console_listener(o.quiet));
   return write_reports(report, o.markdown, o.json, o.junit);
 }
@@ -543,6 +610,7 @@ int run_check_dump(const std::string& file) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  command_line().assign(argv, argv + argc);
   CLI::App app{"wrapcert: verify that unwrapping wrapped module trees gives the model back"};
   app.require_subcommand(1);
 
@@ -659,6 +727,21 @@ int main(int argc, char** argv) {
   certify_cmd->add_flag("--in-process", certify.in_process,
                         "run the checks in this process (no crash or hang isolation; for "
                         "debuggers)");
+  certify_cmd
+      ->add_option("--world-size", certify.world_size,
+                   "certify across this many ranks (torch.distributed's Gloo): start them here, "
+                   "or, with --rank or torchrun's RANK, be one of them")
+      ->check(CLI::Range(1, 1024));
+  certify_cmd
+      ->add_option("--rank", certify.rank,
+                   "this process's rank in a run across ranks (default: RANK, SLURM_PROCID)")
+      ->check(CLI::Range(0, 1023));
+  certify_cmd->add_option("--master-addr", certify.master_addr,
+                          "where rank 0 serves the store (default: MASTER_ADDR, 127.0.0.1)");
+  certify_cmd
+      ->add_option("--master-port", certify.master_port,
+                   "the store's port (default: MASTER_PORT, 29500)")
+      ->check(CLI::Range(1, 65535));
   certify_cmd->callback([&] { std::exit(run_certify(certify)); });
 
   CertifyPythonOptions py;

@@ -767,12 +767,30 @@ Report run(const Options& options, const Listener& listener) {
   return report;
 }
 
+std::string entry_to_json(const Entry& entry) {
+  auto j = to_json_value(entry);
+  j["replay"] = entry.replay;
+  return j.dump();
+}
+
+Entry entry_from_json(const std::string& text) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    auto entry = from_json_value(j);
+    if (j.contains("replay")) entry.replay = j.at("replay").get<std::string>();
+    return entry;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kMalformedInput, "",
+                std::string("not a certification entry: ") + e.what());
+  }
+}
+
 Report run(const WrapperKind& registration, Options options, const Listener& listener) {
   const ScopedRegistration scope(registration);
   // The kind and each of its modes, as `Kind[mode]`.
   options.kinds = {registration.name};
   for (const auto& mode : registration.modes) {
-    options.kinds.push_back(registration.name + "[" + mode.name + "]");
+    if (!mode.ranks_only) options.kinds.push_back(registration.name + "[" + mode.name + "]");
   }
   return run(options, listener);
 }

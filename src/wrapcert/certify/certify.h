@@ -131,4 +131,9 @@ std::string to_json(const Report& report);
 /// One testsuite per kind, one testcase per entry; failures carry the counterexample.
 std::string to_junit(const Report& report);
 
+/// One entry as a JSON object, and back (how entries travel between processes).
+std::string entry_to_json(const Entry& entry);
+/// Throws `Error` (kMalformedInput) for text that is not an entry.
+Entry entry_from_json(const std::string& text);
+
 }  // namespace wrapcert::certify

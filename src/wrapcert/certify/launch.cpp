@@ -1,0 +1,287 @@
+#include <wrapcert/certify/launch.h>
+#include <wrapcert/certify/ranks.h>
+#include <wrapcert/process_group.h>
+#include <wrapcert/error.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace wrapcert::certify {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* const kEntryKey = "wrapcert/entry/";
+const char* const kDoneKey = "wrapcert/done";
+
+/// The last `lines` lines of a file.
+std::string tail(const std::filesystem::path& file, size_t lines = 8) {
+  std::ifstream in(file);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "  | " + all[i] + "\n";
+  }
+  return out.empty() ? "  | (nothing)\n" : out;
+}
+
+std::string how_it_ended(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return std::string("was killed by signal ") + std::to_string(sig) +
+           (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  std::filesystem::path log;
+  std::string progress;  // "<collectives> <where>"
+  Clock::time_point changed;
+};
+
+int64_t collectives_of(const std::string& progress) {
+  return progress.empty() ? -1 : std::atoll(progress.c_str());
+}
+
+std::string where_of(const std::string& progress) {
+  const auto space = progress.find(' ');
+  return space == std::string::npos ? std::string() : progress.substr(space + 1);
+}
+
+}  // namespace
+
+Report run_rank(Options options, const Rendezvous& rendezvous, const Listener& listener) {
+  auto group = ProcessGroup::join(rendezvous);
+  // One seed for every rank: rank 0's, drawn when none was given.
+  if (options.seed == 0 && group->rank() == 0) options.seed = std::random_device{}() | 1u;
+  const auto seeds = group->all_gather_text(std::to_string(options.seed));
+  for (size_t r = 1; r < seeds.size(); ++r) {
+    if (seeds[r] != "0" && seeds[r] != seeds[0]) {
+      throw Error(ErrorCode::kInvalidArgument, "seed",
+                  "rank " + std::to_string(r) + " was started with seed " + seeds[r] +
+                      ", rank 0 with " + seeds[0]);
+    }
+  }
+  options.seed = std::stoull(seeds[0]);
+  int published = 0;
+  auto publish = [&](const Entry& entry, bool done) {
+    if (listener) listener(entry, done);
+    if (done && group->rank() == 0) {
+      group->publish(kEntryKey + std::to_string(published++), entry_to_json(entry));
+    }
+  };
+  auto report = run_ranks(options, group, publish);
+  if (group->rank() == 0) group->publish(kDoneKey, std::to_string(published));
+  (void)group->all_gather_text("end");  // no rank ends before the end is published
+  return report;
+}
+
+Report launch_ranks(const Options& options, const World& world, const Listener& listener) {
+  if (world.size < 1) throw Error(ErrorCode::kInvalidArgument, "world_size", "must be at least 1");
+  if (world.command.empty()) throw Error(ErrorCode::kInvalidArgument, "", "no rank command");
+  StoreServer store(0);
+  char dir_template[] = "/tmp/wrapcert-ranks-XXXXXX";
+  if (!::mkdtemp(dir_template)) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                std::string("cannot make a log folder: ") + std::strerror(errno));
+  }
+  const std::filesystem::path dir = dir_template;
+  Report report;
+  report.options = options;
+  std::vector<Rank> ranks(static_cast<size_t>(world.size));
+  std::vector<char*> argv;
+  for (const auto& word : world.command) argv.push_back(const_cast<char*>(word.c_str()));
+  argv.push_back(nullptr);
+  for (int r = 0; r < world.size; ++r) {
+    auto& rank = ranks[static_cast<size_t>(r)];
+    rank.log = dir / ("rank-" + std::to_string(r) + ".log");
+    const int fd = ::open(rank.log.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw Error(ErrorCode::kInvalidArgument, "", "cannot open " + rank.log.string());
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world.size).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(store.port()).c_str(), 1);
+      ::setenv("WRAPCERT_STORE_SERVED", "1", 1);
+      ::execv(argv[0], argv.data());
+      std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(fd);
+    rank.pid = pid;
+    rank.running = pid > 0;
+    rank.changed = Clock::now();
+  }
+  size_t received = 0;
+  std::optional<int> done;
+  auto last_progress = Clock::now();
+  std::string failure;
+  int culprit = -1;
+  std::vector<int> abnormal;  // ranks that ended before the end, in the order seen
+  while (true) {
+    // What rank 0 reported.
+    while (auto text = store.get(kEntryKey + std::to_string(received))) {
+      auto entry = entry_from_json(*text);
+      if (listener) {
+        listener(entry, false);
+        listener(entry, true);
+      }
+      report.entries.push_back(std::move(entry));
+      ++received;
+      last_progress = Clock::now();
+    }
+    if (!done) {
+      if (const auto d = store.get(kDoneKey)) done = std::atoi(d->c_str());
+    }
+    // Where each rank is.
+    for (int r = 0; r < world.size; ++r) {
+      auto& rank = ranks[static_cast<size_t>(r)];
+      if (const auto p = store.get("wrapcert/progress/" + std::to_string(r));
+          p && *p != rank.progress) {
+        rank.progress = *p;
+        rank.changed = last_progress = Clock::now();
+      }
+    }
+    // Who ended: normally (0, or 1 for failed checks) once rank 0 reported the end, else
+    // abnormally.
+    bool all_ended = true;
+    for (int r = 0; r < world.size; ++r) {
+      auto& rank = ranks[static_cast<size_t>(r)];
+      if (!rank.running) continue;
+      int status = 0;
+      if (::waitpid(rank.pid, &status, WNOHANG) == rank.pid) {
+        rank.running = false;
+        rank.status = status;
+        const bool clean =
+            WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1);
+        if (!clean || !done) abnormal.push_back(r);
+      } else {
+        all_ended = false;
+      }
+    }
+    if (!abnormal.empty() && failure.empty()) {
+      // A killed rank is named before one that exited because its peer went away.
+      culprit = abnormal.front();
+      for (const int r : abnormal) {
+        if (WIFSIGNALED(ranks[static_cast<size_t>(r)].status)) {
+          culprit = r;
+          break;
+        }
+      }
+      failure = "rank " + std::to_string(culprit) + " " +
+                how_it_ended(ranks[static_cast<size_t>(culprit)].status) + " before the run ended";
+    }
+    if (all_ended) break;
+    if (!failure.empty()) {
+      // Give the other ranks a moment to end on their own (a peer's death reaches them), then
+      // stop them.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      break;
+    }
+    if (Clock::now() - last_progress > std::chrono::seconds(world.timeout_seconds)) {
+      // The hung rank is the one the others wait for: the fewest collectives entered.
+      int64_t fewest = INT64_MAX;
+      for (int r = 0; r < world.size; ++r) {
+        const auto n = collectives_of(ranks[static_cast<size_t>(r)].progress);
+        if (ranks[static_cast<size_t>(r)].running && n < fewest) {
+          fewest = n;
+          culprit = r;
+        }
+      }
+      const auto& hung = ranks[static_cast<size_t>(culprit)];
+      failure = "rank " + std::to_string(culprit) + " hung: no rank made progress for " +
+                std::to_string(world.timeout_seconds) + " s" +
+                (where_of(hung.progress).empty()
+                     ? std::string()
+                     : " (it was at " + where_of(hung.progress) + ", the others waiting for it)");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Stop whatever still runs: SIGTERM, then SIGKILL; reap everything.
+  for (auto& rank : ranks) {
+    if (rank.running) ::kill(rank.pid, SIGTERM);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (auto& rank : ranks) {
+    while (rank.running) {
+      int status = 0;
+      if (::waitpid(rank.pid, &status, WNOHANG) == rank.pid) {
+        rank.running = false;
+        rank.status = status;
+      } else if (Clock::now() > deadline) {
+        ::kill(rank.pid, SIGKILL);
+        ::waitpid(rank.pid, &status, 0);
+        rank.running = false;
+        rank.status = status;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+  // Entries rank 0 reported after the last look.
+  while (auto text = store.get(kEntryKey + std::to_string(received))) {
+    auto entry = entry_from_json(*text);
+    if (listener) {
+      listener(entry, false);
+      listener(entry, true);
+    }
+    report.entries.push_back(std::move(entry));
+    ++received;
+  }
+  if (failure.empty() && !done) {
+    culprit = 0;
+    failure = "rank 0 ended without reporting the end of the run";
+  }
+  if (!failure.empty()) {
+    Entry entry;
+    entry.kind = options.kinds.size() == 1 ? options.kinds[0] : "ranks";
+    entry.property = "ranks";
+    entry.target = "world size " + std::to_string(world.size);
+    entry.status = Status::kFailed;
+    const auto& rank = ranks[static_cast<size_t>(std::max(culprit, 0))];
+    entry.reason = failure + "; its last output:\n" + tail(rank.log);
+    for (int r = 0; r < world.size; ++r) {
+      if (r == culprit) continue;
+      const auto& other = ranks[static_cast<size_t>(r)];
+      entry.reason += "rank " + std::to_string(r) + " " + how_it_ended(other.status) +
+                      "; its last output:\n" + tail(other.log, 3);
+    }
+    entry.key = "rank " + std::to_string(culprit);
+    // The launcher's own command line runs it again (a rank's is the same, with torchrun's
+    // variables).
+    entry.replay = world.replay;
+    if (listener) {
+      listener(entry, false);
+      listener(entry, true);
+    }
+    report.entries.push_back(std::move(entry));
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return report;
+}
+
+}  // namespace wrapcert::certify
