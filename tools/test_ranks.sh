@@ -65,8 +65,8 @@ case $group in
     for world in 2 4; do
       run 0 certify --plugin "$plugin" --world-size $world --cases 10 --seed 3 --quiet \
         --wrappers ShardRows ShardRowsSum MixedShardRows --dtypes float64,float32
-      for fault in OffByOneShard:P1 PaddingDropped:P1 GatherToWrongRank:P1 AveragingShard:P4 \
-                   MixedBf16Reduce:P4; do
+      for fault in OffByOneShard:P1 OffByOneShard:P10 PaddingDropped:P1 GatherToWrongRank:P1 \
+                   AveragingShard:P4 MixedBf16Reduce:P4; do
         kind=${fault%%:*} property=${fault##*:}
         run 1 certify --plugin "$plugin" --world-size $world --cases 20 --seed 3 --quiet \
           --wrappers "$kind" --properties "$property" --dtypes float32 --json "$dir/$kind.json"

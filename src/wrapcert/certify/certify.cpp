@@ -661,7 +661,15 @@ Report run(const Options& options, const Listener& listener) {
   Report report;
   report.options = options;
   if (report.options.kinds.empty()) report.options.kinds = Registry::global().names_with_modes();
-  for (const auto& kind : report.options.kinds) (void)Registry::global().resolve(kind);  // validate
+  for (const auto& kind : report.options.kinds) {
+    const auto ref = Registry::global().resolve(kind);  // validates the name
+    if (ref.mode && ref.mode->ranks_only) {
+      throw Error(ErrorCode::kInvalidArgument, kind,
+                  kind + " differs from " + ref.kind->name +
+                      " only across ranks: certify it at a world size above one (--world-size, "
+                      "certify::run_ranks)");
+    }
+  }
   for (const auto& property : options.properties) {
     bool known = property == "P11" || property == "P11 graph safety";
     for (const auto& p : props::generated_properties()) {

@@ -590,8 +590,11 @@ TEST(Certify, RejectsUnknownNamesAndBadOptions) {
   auto o = quick();
   o.kinds = {"FSDP3"};
   EXPECT_THROW((void)run(o), Error);
-  o.kinds = {"FullyShardedDataParallel[sharded]"};  // no such mode
+  o.kinds = {"FullyShardedDataParallel[sharded3]"};  // no such mode
   EXPECT_THROW((void)run(o), Error);
+  o.kinds = {"FullyShardedDataParallel[sharded]"};  // certified across ranks only
+  EXPECT_THAT([&] { (void)run(o); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("only across ranks")));
   EXPECT_THROW((void)fixtures::certification_models({"llama-7b"}), Error);
   o = quick();
   o.models = {Model{"built-by-nothing", nullptr, {}, false, c10::kFloat}};

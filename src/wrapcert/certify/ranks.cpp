@@ -1,19 +1,26 @@
 #include <wrapcert/certify/detail/quiet_check.h>
 #include <wrapcert/certify/ranks.h>
 #include <wrapcert/detail/blame.h>
-#include <wrapcert/process_group.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
 #include <wrapcert/keys.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/sharding.h>
 #include <wrapcert/state_dict.h>
 
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace wrapcert::certify {
 namespace {
@@ -26,6 +33,7 @@ const char* const kKeys = "P1 keys across ranks";
 const char* const kValues = "P13 values across ranks";
 const char* const kBackward = "P4 backward across ranks";
 const char* const kRelease = "P14 release across ranks";
+const char* const kRoundTrip = "P10 round trip across ranks";
 
 Verdict fail(const std::string& property, std::string reason, std::string key = {}) {
   return Verdict{property, false, false, std::move(reason), std::move(key)};
@@ -622,6 +630,114 @@ Verdict release_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   return agree(c.group, local);
 }
 
+/// This rank's file of a sharded save, written and read back: every shard it holds (the whole
+/// tensors from rank 0 alone), named by number, and its part of the index.
+std::string save_shards(const std::vector<Held>& held, int rank, json& index) {
+  torch::serialize::OutputArchive archive;
+  int n = 0;
+  for (const auto& h : held) {
+    if (!h.sharded && rank != 0) continue;
+    const auto name = "t" + std::to_string(n++);
+    archive.write(name, h.values.detach().clone());
+    index.push_back(
+        {{"key", h.clean}, {"offset", h.offset}, {"numel", h.values.numel()}, {"name", name}});
+  }
+  char folder[] = "/tmp/wrapcert-save-XXXXXX";
+  if (!::mkdtemp(folder)) throw Error(ErrorCode::kInvalidArgument, "", "cannot make a folder");
+  const auto file = std::filesystem::path(folder) / ("shard-" + std::to_string(rank) + ".pt");
+  std::string bytes;
+  try {
+    archive.save_to(file.string());
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (...) {
+    std::filesystem::remove_all(folder);
+    throw;
+  }
+  std::filesystem::remove_all(folder);
+  return bytes;
+}
+
+Verdict round_trip_across_ranks(const gen::TreeSpec& spec, const Case& c) {
+  const std::string property = kRoundTrip;
+  json index = json::array();
+  std::string file;
+  auto agreed = agree(c.group, guarded(property, [&] {
+                        const auto built = gen::build(spec);
+                        file = save_shards(held_state(built.root), c.group.rank(), index);
+                        return Verdict{property, true, false, {}, {}};
+                      }));
+  if (!agreed.passed) return agreed;
+  // The index and every rank's file, as a file system shared by the ranks shows them.
+  const auto indexes = c.group.all_gather_text(index.dump());
+  const auto files = c.group.all_gather_text(file);
+  const int world = c.group.size();
+  const int other = world >= 4 && world % 2 == 0 ? world / 2 : world + 1;
+  auto local = guarded(property, [&]() -> Verdict {
+    const auto plain = gen::build(spec, {std::nullopt, 0, /*wrap=*/false});
+    std::map<std::string, torch::Tensor> loaded, covered;
+    for (size_t r = 0; r < files.size(); ++r) {
+      std::istringstream stream(files[r]);
+      torch::serialize::InputArchive archive;
+      archive.load_from(stream);
+      for (const auto& item : json::parse(indexes[r])) {
+        const auto key = item["key"].get<std::string>();
+        const auto* want = plain.original.find(key);
+        if (!want) continue;  // P1's to report
+        torch::Tensor t;
+        archive.read(item["name"].get<std::string>(), t);
+        const auto offset = item["offset"].get<int64_t>();
+        const auto numel = item["numel"].get<int64_t>();
+        auto& whole = loaded[key];
+        auto& mask = covered[key];
+        if (!whole.defined()) {
+          whole = torch::zeros({want->numel()}, want->options());
+          mask = torch::zeros({want->numel()}, torch::kBool);
+        }
+        if (offset + numel > whole.numel() || t.numel() != numel) {
+          return fail(property,
+                      "rank " + std::to_string(r) + "'s file holds elements " +
+                          std::to_string(offset) + " to " + std::to_string(offset + numel) +
+                          " of '" + key + "', which has " + std::to_string(whole.numel()),
+                      key);
+        }
+        whole.narrow(0, offset, numel).copy_(t.reshape(-1));
+        mask.narrow(0, offset, numel).fill_(true);
+      }
+    }
+    // Every rank of the other world takes its rows of each tensor; this rank checks its share.
+    for (int m = c.group.rank(); m < other; m += world) {
+      for (const auto& item : plain.original) {
+        const auto& key = item.key();
+        const auto& want = item.value();
+        const auto rows = want.dim() == 0 ? int64_t{1} : want.size(0);
+        const auto row = rows == 0 ? int64_t{0} : want.numel() / rows;
+        const auto shard = RowShard::of(rows, m, other);
+        const auto begin = shard.begin() * row, count = (shard.end() - shard.begin()) * row;
+        if (count == 0) continue;
+        const auto it = loaded.find(key);
+        if (it == loaded.end() || !covered[key].narrow(0, begin, count).all().item<bool>()) {
+          return fail(property,
+                      "loaded at world size " + std::to_string(other) + ", rank " +
+                          std::to_string(m) + " finds elements of '" + key + "' (" +
+                          std::to_string(begin) + " to " + std::to_string(begin + count) +
+                          ") in no file",
+                      key);
+        }
+        if (!it->second.narrow(0, begin, count)
+                 .equal(want.detach().reshape(-1).narrow(0, begin, count))) {
+          return fail(property,
+                      "loaded at world size " + std::to_string(other) + ", rank " +
+                          std::to_string(m) + "'s rows of '" + key + "' are not the model's",
+                      key);
+        }
+      }
+    }
+    return Verdict{property, true, false, {}, {}};
+  });
+  return agree(c.group, local);
+}
+
 Entry run_one(const std::string& kind, const std::string& property, const Options& options,
               ProcessGroup& group, std::optional<gen::Dtype> dtype) {
   Entry entry;
@@ -660,6 +776,8 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
             v = values_across_ranks(spec, c);
           else if (property == kBackward)
             v = backward_across_ranks(spec, c);
+          else if (property == kRoundTrip)
+            v = round_trip_across_ranks(spec, c);
           else
             v = release_across_ranks(spec, c);
         } catch (const std::exception& e) {
@@ -710,7 +828,7 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
 }  // namespace
 
 const std::vector<std::string>& rank_properties() {
-  static const std::vector<std::string> names{kKeys, kValues, kBackward, kRelease};
+  static const std::vector<std::string> names{kKeys, kValues, kRoundTrip, kBackward, kRelease};
   return names;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 /// Certification across the ranks of a process group: the kinds that declare
 /// `ranks.certify` (DDP, FSDP's sharded and mixed-precision modes, SPMD FSDP sharded) wrap
-/// generated trees on every rank, over `torch.distributed`'s own Gloo group, and P1, P4, P13 and
-/// P14 are judged across ranks (docs/SEMANTICS.md, "Across ranks").
+/// generated trees on every rank, over `torch.distributed`'s own Gloo group, and P1, P4, P10, P13
+/// and P14 are judged across ranks (docs/SEMANTICS.md §5).
 ///
 ///   auto group = wrapcert::ProcessGroup::join(*wrapcert::Rendezvous::from_env());
 ///   auto report = wrapcert::certify::run_ranks(options, group);  // on every rank
@@ -23,7 +23,7 @@ class ProcessGroup;
 namespace wrapcert::certify {
 
 /// The properties across ranks, in order: "P1 keys across ranks", "P13 values across ranks",
-/// "P4 backward across ranks", "P14 release across ranks".
+/// "P10 round trip across ranks", "P4 backward across ranks", "P14 release across ranks".
 const std::vector<std::string>& rank_properties();
 
 /// Certifies `options.kinds` (empty: `Registry::names_across_ranks()`) across the ranks of
