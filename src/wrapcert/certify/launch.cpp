@@ -1,7 +1,7 @@
 #include <wrapcert/certify/launch.h>
 #include <wrapcert/certify/ranks.h>
-#include <wrapcert/process_group.h>
 #include <wrapcert/error.h>
+#include <wrapcert/process_group.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -135,13 +135,9 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
     rank.changed = Clock::now();
   }
   size_t received = 0;
-  std::optional<int> done;
-  auto last_progress = Clock::now();
-  std::string failure;
-  int culprit = -1;
-  std::vector<int> abnormal;  // ranks that ended before the end, in the order seen
-  while (true) {
-    // What rank 0 reported.
+  // The entries rank 0 reported since the last call, to the report and the listener.
+  auto take_entries = [&] {
+    const size_t before = received;
     while (auto text = store.get(kEntryKey + std::to_string(received))) {
       auto entry = entry_from_json(*text);
       if (listener) {
@@ -150,8 +146,16 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
       }
       report.entries.push_back(std::move(entry));
       ++received;
-      last_progress = Clock::now();
     }
+    return received > before;
+  };
+  std::optional<int> done;
+  auto last_progress = Clock::now();
+  std::string failure;
+  int culprit = -1;
+  std::vector<int> abnormal;  // ranks that ended before the end, in the order seen
+  while (true) {
+    if (take_entries()) last_progress = Clock::now();
     if (!done) {
       if (const auto d = store.get(kDoneKey)) done = std::atoi(d->c_str());
     }
@@ -241,16 +245,7 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
       }
     }
   }
-  // Entries rank 0 reported after the last look.
-  while (auto text = store.get(kEntryKey + std::to_string(received))) {
-    auto entry = entry_from_json(*text);
-    if (listener) {
-      listener(entry, false);
-      listener(entry, true);
-    }
-    report.entries.push_back(std::move(entry));
-    ++received;
-  }
+  (void)take_entries();  // what rank 0 reported after the last look
   if (failure.empty() && !done) {
     culprit = 0;
     failure = "rank 0 ended without reporting the end of the run";

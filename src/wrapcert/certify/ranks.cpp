@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -362,6 +363,21 @@ struct Case {
   uint64_t draw = 0;  ///< the input's seed
 };
 
+/// Agrees on `local`, then exchanges every rank's held state (with gradients when `grads`) and
+/// checks that it tiles the model (the same data on every rank, so the same verdict: no need to
+/// agree again). The verdict to stop at, else nullopt with `ranks` filled.
+std::optional<Verdict> agree_and_tile(const std::string& property, ProcessGroup& group,
+                                      const Verdict& local, const std::vector<Held>& held,
+                                      bool grads, const StateDict& model,
+                                      std::vector<json>& ranks) {
+  auto agreed = agree(group, local);
+  if (!agreed.passed || agreed.skipped) return agreed;
+  ranks = exchange(group, held, false, grads);
+  auto tiling = check_tiling(property, ranks, model);
+  if (!tiling.passed) return tiling;
+  return std::nullopt;
+}
+
 Verdict keys_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   const std::string property = kKeys;
   std::vector<Held> held;
@@ -377,14 +393,11 @@ Verdict keys_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     }
     return Verdict{property, true, false, {}, {}};
   });
-  auto agreed = agree(c.group, local);
-  if (!agreed.passed) return agreed;
-  const auto ranks = exchange(c.group, held, false, false);
-  // The same data on every rank: the same verdict.
-  // The same data on every rank, so the same verdict: no need to agree.
-  auto tiling = check_tiling(property, ranks, model);
-  if (!tiling.passed) return tiling;
-  // The full state dict on rank 0: the model's keys, in its order.
+  std::vector<json> ranks;
+  if (auto stop = agree_and_tile(property, c.group, local, held, false, model, ranks)) {
+    return *stop;
+  }
+  // The full state dict on rank 0 holds every key the ranks shard.
   local = guarded(property, [&] {
     const auto built = gen::build(spec);
     std::string stray;
@@ -475,11 +488,10 @@ Verdict backward_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     mine_ref = reference_grads(spec, slice, across.compute_dtype);
     return Verdict{property, true, false, {}, {}};
   });
-  auto agreed = agree(c.group, local);
-  if (!agreed.passed || agreed.skipped) return agreed;
-  const auto ranks = exchange(c.group, held, false, true);
-  auto tiling = check_tiling(property, ranks, model);
-  if (!tiling.passed) return tiling;
+  std::vector<json> ranks;
+  if (auto stop = agree_and_tile(property, c.group, local, held, true, model, ranks)) {
+    return *stop;
+  }
   std::map<std::string, int> missing;
   const auto got = gathered_grads(ranks, model, missing);
   // Every rank's own gradient of its slice (the plain model), for the exact reduction.
@@ -575,11 +587,10 @@ Verdict release_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     }
     return Verdict{property, true, false, {}, {}};
   });
-  auto agreed = agree(c.group, local);
-  if (!agreed.passed) return agreed;
-  const auto ranks = exchange(c.group, held, false, false);
-  auto tiling = check_tiling(property, ranks, model);
-  if (!tiling.passed) return tiling;
+  std::vector<json> ranks;
+  if (auto stop = agree_and_tile(property, c.group, local, held, false, model, ranks)) {
+    return *stop;
+  }
   local = guarded(property, [&]() -> Verdict {
     const auto plain = gen::build(spec, {std::nullopt, 0, /*wrap=*/false});
     // What each tensor must hold: the model's values, each shard moved by its rank's step.
