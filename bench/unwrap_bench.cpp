@@ -8,10 +8,10 @@
 #include <wrapcert/certify/certify.h>
 #include <wrapcert/certify/launch.h>
 #include <wrapcert/certify/properties.h>
-#include <wrapcert/process_group.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/certification.h>
 #include <wrapcert/gen/generators.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/python/certify_python.h>
 #include <wrapcert/test_support/memory.h>
 #include <wrapcert/test_support/trees.h>

@@ -1,6 +1,6 @@
 #include <wrapcert/detail/parameter_table.h>
-#include <wrapcert/process_group.h>
 #include <wrapcert/error.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/sharding.h>
 
 #include <torch/autograd.h>

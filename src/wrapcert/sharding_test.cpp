@@ -1,6 +1,6 @@
-#include <wrapcert/process_group.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/sharding.h>
 #include <wrapcert/state_dict.h>
 

@@ -1,8 +1,8 @@
 #include <wrapcert/detail/marks.h>
 #include <wrapcert/detail/parameter_table.h>
-#include <wrapcert/process_group.h>
 #include <wrapcert/error.h>
 #include <wrapcert/layer.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/wrappers.h>
 
 #include <algorithm>

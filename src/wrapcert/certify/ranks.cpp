@@ -279,11 +279,9 @@ Verdict check_tiling(const std::string& property, const std::vector<json>& ranks
 StateDict full_state(const ModulePtr& root, ProcessGroup& group, std::string& stray) {
   StateDict out;
   const auto translator = KeyTranslator::from_tree(root);
-  std::set<std::string> sharded;
   for (const auto& [module, path] : module_paths(*root)) {
     auto* m = const_cast<torch::nn::Module*>(module);
     if (auto* s = dynamic_cast<ShardedModule*>(m)) {
-      for (const auto& shard : s->local_shards()) sharded.insert(join(path, shard.key));
       for (auto& [key, tensor] : s->full_state_dict(0)) {
         const auto wrapped = join(path, key);
         if (group.rank() != 0) {
@@ -294,7 +292,6 @@ StateDict full_state(const ModulePtr& root, ProcessGroup& group, std::string& st
       }
     }
   }
-  (void)sharded;
   return out;
 }
 

@@ -13,8 +13,8 @@
 //   KillsRank1           rank 1 kills itself in its third forward (inside a collective)
 //   HangsRank1           rank 1 never returns from its third forward
 #include <wrapcert/detail/parameter_table.h>
-#include <wrapcert/process_group.h>
 #include <wrapcert/plugin.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/sharding.h>
 #include <wrapcert/wrappers.h>
 
@@ -76,7 +76,7 @@ const char* name_of() {
   return "";
 }
 
-constexpr bool kMixedCompute(Fault f) {
+constexpr bool mixed_compute(Fault f) {
   return f == Fault::kMixed || f == Fault::kMixedBf16Reduce;
 }
 
@@ -175,7 +175,7 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
       } back{*this};
       return wrapcert::call(*inner(), input);
     }
-    if (!kMixedCompute(F)) {
+    if (!mixed_compute(F)) {
       const auto unsharded = shards_.unshard();
       return wrapcert::call(*inner(), input);
     }
