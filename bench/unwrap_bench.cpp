@@ -381,6 +381,24 @@ void BM_CertifyPython(benchmark::State& state) {
   state.counters["cases"] = stats.structural_cases + stats.numeric_cases;
 }
 
+void BM_CertifyPythonAcrossRanks(benchmark::State& state) {
+  // `wrapcert certify-python --wrapper DistributedDataParallel --world-size N --cases 100` on
+  // generated trees: each case on every rank, DDP's all-reduce real from world size 2.
+  wrapcert::python::Options options;
+  options.wrappers = {"DistributedDataParallel"};
+  options.world_size = static_cast<int>(state.range(0));
+  options.seed = 1;
+  options.fixtures = false;
+  wrapcert::python::Stats stats;
+  for (auto _ : state) {
+    const auto report = wrapcert::python::certify_python(options, nullptr, &stats);
+    if (!report.passed()) state.SkipWithError("DistributedDataParallel did not pass");
+  }
+  state.counters["structural_cases_per_s"] = stats.structural_cases / stats.structural_seconds;
+  state.counters["p4_cases_per_s"] = stats.numeric_cases / stats.numeric_seconds;
+  state.counters["processes"] = stats.worker_starts;
+}
+
 /// Kinds certified across ranks by BM_CertifyAcrossRanks, by argument.
 const char* const kRankKinds[] = {"FullyShardedDataParallel[sharded]", "DistributedDataParallel"};
 
@@ -490,6 +508,7 @@ BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyBackward);
 BENCHMARK(BM_CertifyOneKind)->ArgName("kind")->DenseRange(0, 3)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyPython)->ArgName("wrapper")->DenseRange(0, 2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_CertifyPythonAcrossRanks)->ArgName("world_size")->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyAcrossRanks)->ArgNames({"kind", "world"})->ArgsProduct({{0, 1}, {2, 4}})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CollectiveRoundTrip)->Unit(benchmark::kMicrosecond)->UseRealTime();
 // clang-format on

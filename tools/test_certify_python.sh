@@ -5,6 +5,8 @@
 #   GROUP: torch (real torch wrappers pass), subjects (known wrong unwraps are rejected, with a
 #   repro script that reproduces), wrappers (a sound Python wrapper passes, one per broken
 #   contract is rejected), faults (a crash, a hang, an import that fails), dump (check-dump),
+#   ranks (--world-size 2: DistributedDataParallel with a real all-reduce; reductions that are
+#   wrong only across ranks rejected, with a repro run as two ranks; a killed and a hung rank),
 #   xla (torch_xla's FSDPv2, where a TPU is found and torch_xla imports; else exit 77: skipped)
 set -uo pipefail
 tool=$1 group=$2
@@ -151,6 +153,60 @@ PY
     run 2 check-dump "$dir/bad.json"
     run 2 check-dump "$dir/missing.json"
     echo "dumps: checked"
+    ;;
+  ranks)
+    # Every process this group starts carries the mark: none may be left when a run ends.
+    export WRAPCERT_TEST_MARK="$dir"
+    left_running() {
+      local p
+      for p in /proc/[0-9]*; do
+        { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -qx "WRAPCERT_TEST_MARK=$dir" &&
+          echo "${p#/proc/}: $({ tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)"
+      done
+    }
+    certify 0 --wrapper DistributedDataParallel --world-size 2
+    grep -q '"P4 backward"' "$dir/report.json" || fail "no P4 row across ranks"
+    grep -q "2 processes" "$dir/out.txt" || { cat "$dir/out.txt"; fail "not two ranks"; }
+    # No all-reduce at all: exact at world size 1, each rank keeping its own gradients at 2.
+    certify 0 --wrapper wrappers_under_test:LocalGradients
+    certify 1 --wrapper wrappers_under_test:LocalGradients --world-size 2 --repro "$dir/local.py"
+    expect failed "a DistributedDataParallel that reduces nothing" P4
+    expect passed "a DistributedDataParallel that reduces nothing" P1 P2 P8
+    grep -q "is not the mean over the 2 ranks" "$dir/report.json" || fail "LocalGradients' reason"
+    grep -q -- "--world-size 2" "$dir/report.json" || fail "the replay line lacks --world-size"
+    # The repro runs as two ranks with torchrun's variables (rank 0 serves the store) and
+    # exits 1 on each, saying what differs there.
+    port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    for r in 0 1; do
+      RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
+        timeout 120 /usr/bin/python3 "$dir/local.py" > "$dir/local$r.txt" 2>&1 &
+    done
+    for r in 0 1; do
+      wait %$((r + 1)); code=$?
+      [ "$code" -eq 1 ] || { cat "$dir/local$r.txt"; fail "rank $r of the repro exited $code, not 1"; }
+      grep -q "PROBLEM (rank $r): the gradient of .* is not the mean" "$dir/local$r.txt" ||
+        { cat "$dir/local$r.txt"; fail "rank $r of the repro shows no PROBLEM"; }
+    done
+    /usr/bin/python3 "$dir/local.py" > "$dir/alone.txt" 2>&1
+    [ $? -eq 1 ] && grep -q "runs at world size 2, not 1" "$dir/alone.txt" || fail "the repro alone"
+    # A comm hook that sums: wrong for DistributedDataParallel's mean, right where declared.
+    certify 1 --wrapper wrappers_under_test:SummingGradients --world-size 2
+    expect failed "a DistributedDataParallel that sums" P4
+    certify 0 --wrapper wrappers_under_test:SummingGradients --world-size 2 \
+      --reduction wrappers_under_test:SummingGradients=sum
+    run 64 certify-python --wrapper DataParallel --reduction DataParallel=max
+    # A rank killed, a rank hung: failed rows naming the rank, reports written, nothing left.
+    certify 1 --wrapper wrappers_under_test:KillsRank1 --world-size 2 --timeout 20
+    grep -q "rank 1: the Python worker was killed by signal 9" "$dir/report.json" || fail "the killed rank is not named"
+    [ -z "$(left_running)" ] || fail "processes left after a killed rank: $(left_running)"
+    start=$(date +%s)
+    certify 1 --wrapper wrappers_under_test:HangsRank1 --world-size 2 --timeout 5
+    took=$(( $(date +%s) - start ))
+    grep -q "rank 1: the Python worker gave no reply within 5 s" "$dir/report.json" || fail "the hung rank is not named"
+    grep -q "in __init__" "$dir/report.json" || fail "no Python stack for the hung rank"
+    [ "$took" -le 60 ] || fail "a hung rank took $took s to end"
+    [ -z "$(left_running)" ] || fail "processes left after a hung rank: $(left_running)"
+    echo "ranks: DistributedDataParallel certified with a real all-reduce; wrong reductions rejected"
     ;;
   xla)
     if ! "$tool" hardware --json |

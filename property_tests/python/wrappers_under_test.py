@@ -97,3 +97,74 @@ class Noisy(Sound):
     def forward(self, x):
         print("forward")
         return self.inner(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Across ranks (`--world-size N`): DistributedDataParallel with the reduction a comm hook does.
+
+
+def _group():
+    """torch.distributed's default group: the ranks' one under --world-size N, else a group of
+    this process alone."""
+    import os
+    import tempfile
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="wrappers-under-test-"),
+                                            "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return dist
+
+
+def _keep_local(state, bucket):
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _sum(state, bucket):
+    dist = _group()
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+        lambda f: f.value()[0])
+
+
+def LocalGradients(module):
+    """DistributedDataParallel whose comm hook reduces nothing: each rank keeps its own
+    gradients (P4 across ranks; at world size 1 it is exact)."""
+    _group()
+    ddp = nn.parallel.DistributedDataParallel(module)
+    ddp.register_comm_hook(None, _keep_local)
+    return ddp
+
+
+def SummingGradients(module):
+    """DistributedDataParallel whose comm hook sums the ranks' gradients instead of averaging
+    them: right only where it is declared a sum (--reduction ...=sum)."""
+    _group()
+    ddp = nn.parallel.DistributedDataParallel(module)
+    ddp.register_comm_hook(None, _sum)
+    return ddp
+
+
+class KillsRank1(Sound):
+    """Rank 1 is killed (SIGKILL) while the others wait for it in DistributedDataParallel's
+    first broadcast."""
+
+    def __init__(self, module):
+        import os
+        import signal
+        dist = _group()
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().__init__(nn.parallel.DistributedDataParallel(module))
+
+
+class HangsRank1(Sound):
+    """Rank 1 never returns; the others wait for it in a collective."""
+
+    def __init__(self, module):
+        import time
+        dist = _group()
+        while dist.get_rank() == 1:
+            time.sleep(1)
+        super().__init__(nn.parallel.DistributedDataParallel(module))

@@ -554,8 +554,9 @@ int run_certify(const CertifyOptions& o) {
 
 struct CertifyPythonOptions {
   wrapcert::python::Options options;
-  std::vector<std::string> slots;   // wrapper=slot
-  std::vector<std::string> models;  // wrapper=kind
+  std::vector<std::string> slots;       // wrapper=slot
+  std::vector<std::string> models;      // wrapper=kind
+  std::vector<std::string> reductions;  // wrapper=mean|sum
   std::string markdown;
   std::string json;
   std::string junit;
@@ -576,6 +577,14 @@ int run_certify_python(CertifyPythonOptions& o) {
       throw CLI::ValidationError("--models", "'" + m + "' is not WRAPPER=KIND");
     }
     o.options.models[m.substr(0, eq)] = m.substr(eq + 1);
+  }
+  for (const auto& m : o.reductions) {
+    const auto eq = m.find('=');
+    const auto how = eq == std::string::npos ? std::string() : m.substr(eq + 1);
+    if (eq == std::string::npos || eq == 0 || (how != "mean" && how != "sum")) {
+      throw CLI::ValidationError("--reduction", "'" + m + "' is not WRAPPER=mean or WRAPPER=sum");
+    }
+    o.options.reductions[m.substr(0, eq)] = how;
   }
   wrapcert::python::Stats stats;
   const auto report =
@@ -761,6 +770,15 @@ int main(int argc, char** argv) {
   py_cmd->add_option("--models", py.models,
                      "WRAPPER=KIND: the wrapcert kind that models a wrapper; its saved keys must "
                      "be the real wrapper's on every tree (row 'C++ agreement'); repeatable");
+  py_cmd
+      ->add_option("--world-size", py.options.world_size,
+                   "run the worker as this many torch.distributed ranks on gloo (every case on "
+                   "every rank, each on its slice of the batch; DistributedDataParallel with a "
+                   "real all-reduce)")
+      ->check(CLI::Range(1, 64));
+  py_cmd->add_option("--reduction", py.reductions,
+                     "WRAPPER=mean|sum: how a wrapper reduces gradients across ranks (P4 at "
+                     "--world-size above 1; DistributedDataParallel: mean); repeatable");
   py_cmd->add_option("--unwrap", py.options.unwrap,
                      "the unwrap function to certify (package.module:callable, model -> module); "
                      "default: wrapcert's reference unwrap ported to Python");

@@ -51,6 +51,25 @@ class Failure(Exception):
         self.trace = traceback.format_exc()
 
 
+def world():
+    """(rank, world size): this worker's place among the ranks `wrapcert certify-python
+    --world-size N` started (torchrun's variables), else (0, 1)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def join_ranks():
+    """Joins the other ranks on torch.distributed's gloo, as torchrun's workers do (env://:
+    MASTER_ADDR, MASTER_PORT, and the agent's store under TORCHELASTIC_USE_AGENT_STORE). A rank
+    that waits longer than WRAPCERT_COLLECTIVE_TIMEOUT seconds for another raises, so that the
+    one it waits for is the one named as hung."""
+    import datetime
+    import torch.distributed as dist
+    if world()[1] > 1 and not dist.is_initialized():
+        seconds = float(os.environ.get("WRAPCERT_COLLECTIVE_TIMEOUT", "1800"))
+        dist.init_process_group("gloo", init_method="env://",
+                                timeout=datetime.timedelta(seconds=seconds))
+
+
 def _ddp_group():
     import tempfile
     import torch.distributed as dist
@@ -92,7 +111,8 @@ BUILTINS = {
     "DistributedDataParallel": (_ddp, [
         "import os, tempfile",
         "import torch.distributed as dist",
-        "dist.init_process_group('gloo', store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "
+        "if not dist.is_initialized():",
+        "    dist.init_process_group('gloo', store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "
         "'store'), 1), rank=0, world_size=1)",
         "from torch.nn.parallel import DistributedDataParallel"], "DistributedDataParallel"),
     "checkpoint_wrapper": (_checkpoint, [
@@ -437,7 +457,7 @@ def run_case(req):
     builder = Builder(req["spec"])
     seed = int(req.get("seed", 0))
     gen = torch.Generator().manual_seed(seed + 7919)
-    x = torch.randn(2, builder.dim, generator=gen)
+    x = torch.randn(2 * world()[1], builder.dim, generator=gen)
     return observe(req, lambda s: build_spec(builder, s), builder.wraps, x)
 
 
@@ -458,14 +478,17 @@ def run_fixture(req):
     names = list(req.get("wrappers", []))
     wraps = [(path, names) for path in layers] + [("", names)]
     seed = int(req.get("seed", 0))
-    ids = torch.randint(1, config["vocab_size"], (2, 5),
+    ids = torch.randint(1, config["vocab_size"], (2 * world()[1], 5),
                         generator=torch.Generator().manual_seed(seed + 7919))
     return observe(req, make, wraps, ids)
 
 
-def observe(req, make, wraps, x):
+def observe(req, make, wraps, batch):
     """One case: the model made by `make(seed)`, wrapped at `wraps` ([(path, wrapper names
-    innermost first)], post-order), unwrapped by the subject; what the properties need."""
+    innermost first)], post-order), unwrapped by the subject; what the properties need. `batch`
+    is the global batch: two examples per rank, this rank running its own two."""
+    rank, ranks = world()
+    x = batch[2 * rank:2 * rank + 2]
     names = sorted({n for _, ns in wraps for n in ns})
     try:
         wrappers = resolve_wrappers(names)
@@ -484,6 +507,9 @@ def observe(req, make, wraps, x):
     else:
         try:
             result["run_original"] = run(model, x, probe, tensors)
+            if ranks > 1:  # every rank's slice on the plain model: what a reduction must give
+                result["run_slices"] = [run(model, batch[2 * r:2 * r + 2], probe, tensors)
+                                        for r in range(ranks)]
         except Exception as e:
             raise Failure("run", "the generated model", f"{type(e).__name__}: {e}")
 
@@ -512,7 +538,13 @@ def observe(req, make, wraps, x):
             else:
                 model = wrapper
     wrapped = model
-    result["wrappers"] = [[n, type(w).__name__, s, p] for n, w, s, p in made]
+    # Each wrapper: its name, class, slot, path, the tensors of the parameters it holds, and
+    # how it reduces their gradients across ranks as its class promises ("mean" for
+    # DistributedDataParallel and its subclasses; None).
+    result["wrappers"] = [[n, type(w).__name__, s, p,
+                           sorted({tensors.id(t) for t in w.parameters()}),
+                           "mean" if isinstance(w, nn.parallel.DistributedDataParallel) else None]
+                          for n, w, s, p in made]
     result["wrapped"] = state(wrapped, tensors)
     result["wrapped_modules"] = modules(wrapped, objects)
     result["wrapped_tree"] = repr(wrapped)
@@ -595,11 +627,25 @@ def repro(req):
         imports += [line for line in lines if line not in imports]
         calls[name] = expression
     unwrap_name = req.get("unwrap")
+    ranks = int(req.get("world_size", 1))
     out = ["#!/usr/bin/env python3",
            "# A counterexample found by `wrapcert certify-python`, standalone: it builds the",
            "# model, wraps it, unwraps it and shows where the unwrapped model differs.",
-           "# Run it with an interpreter that has PyTorch (Debian: /usr/bin/python3).",
-           "import sys", "", PRELUDE.rstrip(), ""]
+           "# Run it with an interpreter that has PyTorch (Debian: /usr/bin/python3)."]
+    if ranks > 1:
+        out += [f"# It runs as {ranks} ranks of torch.distributed (gloo), started as torchrun starts",
+                f"# them: torchrun --nproc_per_node {ranks} THIS_FILE, or {ranks} processes with",
+                "# RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; each rank runs its slice",
+                "# of the batch and prints what differs on it."]
+    out += ["import os", "import sys", "", PRELUDE.rstrip(), ""]
+    out += ["import torch.distributed as dist",
+            "RANK, WORLD = int(os.environ.get('RANK', '0')), int(os.environ.get('WORLD_SIZE', '1'))",
+            f"if WORLD != {ranks}:",
+            f"    sys.exit('this counterexample runs at world size {ranks}, not %d' % WORLD)",
+            "if WORLD > 1:",
+            "    dist.init_process_group('gloo', init_method='env://')",
+            f"REDUCTIONS = {dict(req.get('reductions') or {})!r}  # declared: wrapper -> mean or sum",
+            ""]
     out += imports
     if unwrap_name:
         module_name, _, attr = unwrap_name.partition(":")
@@ -624,20 +670,27 @@ def repro(req):
             f"torch.manual_seed({seed})"] + builder.lines
     out += ["original = {k: v for k, v in " + builder.root +
             ".state_dict(keep_vars=True).items()}",
-            f"x = torch.randn(2, {builder.dim}, generator=torch.Generator().manual_seed({seed + 7919}))"]
+            "# the global batch: two examples per rank, this rank running its own two",
+            f"batch = torch.randn(2 * WORLD, {builder.dim}, "
+            f"generator=torch.Generator().manual_seed({seed + 7919}))",
+            "x = batch[2 * RANK:2 * RANK + 2]"]
     if req.get("numerics"):
-        out += [f"before = run({builder.root}, x)"]
-    out += ["", "# wrapping, innermost wrapper first, children before parents"]
-    if unwrap_name:
-        out += builder.wrap_lines(lambda n, target: f"{calls[n]}({target})")
-    else:
-        out += ["kinds = {}  # wrapper class -> the child that holds the wrapped module", "",
-                "", "def wrap(make, inner):",
-                "    wrapper = make(inner)",
-                "    kinds.setdefault(type(wrapper),",
-                "                     next(k for k, v in wrapper._modules.items() if v is inner))",
-                "    return wrapper", "", ""]
-        out += builder.wrap_lines(lambda n, target: f"wrap({calls[n]}, {target})")
+        out += [f"before = run({builder.root}, x)",
+                "# what a wrapper that averages (or sums) gradients across ranks must give",
+                f"slices = [run({builder.root}, batch[2 * r:2 * r + 2])[1] for r in range(WORLD)]",
+                "summed = {k: sum(s[k] for s in slices) if all(s[k] is not None for s in slices)",
+                "          else None for k in slices[0]}"]
+    out += ["", "# wrapping, innermost wrapper first, children before parents",
+            "kinds = {}  # wrapper class -> the child that holds the wrapped module",
+            "made = []  # (wrapper name, wrapper)", "", "",
+            "def wrap(name, make, inner):",
+            "    wrapper = make(inner)",
+            "    kinds.setdefault(type(wrapper),",
+            "                     next((k for k, v in wrapper._modules.items() if v is inner), None))",
+            "    made.append((name, wrapper))",
+            "    return wrapper", "", ""]
+    out += builder.wrap_lines(lambda n, target: f"wrap({n!r}, {calls[n]}, {target})")
+    if not unwrap_name:
         out += ["unwrap = lambda m: unwrap_port(m, kinds)"]
     out += [
         "print(model)",
@@ -657,18 +710,38 @@ def repro(req):
     ]
     if req.get("numerics"):
         out += [
+            "# Across ranks, a parameter a reducing wrapper holds gets the mean (or the sum) of",
+            "# the slices' gradients; everything else is this rank's own.",
+            "how = {}",
+            "for name, w in made:",
+            "    r = REDUCTIONS.get(name) or ('mean' if isinstance(",
+            "        w, torch.nn.parallel.DistributedDataParallel) else None)",
+            "    for t in w.parameters() if r and WORLD > 1 else []:",
+            "        how.setdefault(id(t), set()).add(r)",
             "for name, m in (('wrapped', model), ('unwrapped', unwrapped)):",
             "    after = run(m, x)",
             "    if not torch.equal(after[0], before[0]):",
             "        problems.append(f'the {name} output differs: {after[0]} against {before[0]}')",
             "    for key, a in before[1].items():",
             "        b = after[1].get(key)",
+            "        ways = how.get(id(original[key]), ()) if name == 'wrapped' and key in original "
+            "else ()",
+            "        if ways and b is not None and summed[key] is not None:",
+            "            eps = torch.finfo(b.dtype).eps * 2 * (WORLD + 1)",
+            "            wants = [summed[key] / WORLD if w == 'mean' else summed[key] for w in ways]",
+            "            if not any(torch.allclose(b, want, rtol=eps, atol=eps) for want in wants):",
+            "                said = ' or the '.join(sorted(ways))",
+            "                problems.append(f'the gradient of {key} in the wrapped run is not the '",
+            "                                f'{said} over the ranks of the gradients of their '",
+            "                                f'slices: {b} against {wants[0]}, largest '",
+            "                                f'difference {(b - wants[0]).abs().max()}')",
+            "            continue",
             "        if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):",
             "            problems.append(f'the gradient of {key} differs in the {name} run: '",
             "                            f'{b} against {a}, largest difference '",
             "                            f'{None if a is None or b is None else (a - b).abs().max()}')",
         ]
-    out += ["for p in problems:", "    print('PROBLEM:', p)",
+    out += ["for p in problems:", "    print(f'PROBLEM (rank {RANK}):' if WORLD > 1 else 'PROBLEM:', p)",
             "sys.exit(1 if problems else 0)", ""]
     return "\n".join(out)
 
@@ -694,6 +767,11 @@ def main():
                 reply = {"ok": True, "torch": torch.__version__,
                          "python": sys.version.split()[0]}
             elif op == "resolve":
+                try:
+                    join_ranks()
+                except Exception as e:
+                    raise Failure("join", "", f"rank {world()[0]} of {world()[1]} could not join "
+                                  f"the others: {type(e).__name__}: {e}")
                 for name in req.get("wrappers", []):
                     try:
                         wrapper_callable(name)

@@ -5,6 +5,7 @@
 #include <wrapcert/gen/build.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/io/detail/atomic_file.h>
+#include <wrapcert/process_group.h>
 #include <wrapcert/python/bridge.h>
 #include <wrapcert/python/certify_python.h>
 #include <wrapcert/python/detail/worker.h>
@@ -16,11 +17,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 
 namespace wrapcert::python {
 namespace {
@@ -108,10 +112,15 @@ bool has_wrappers(const gen::NodeSpec& n) {
 // ---------------------------------------------------------------------------------------------
 // One case as the worker saw it
 
-/// The worker's reply to a case, or the fault that stood in for one.
+/// The worker's reply to a case, or the fault that stood in for one. Across ranks: rank 0's
+/// reply (or the first rank's fault, named), every rank's case, and what the ranks disagreed on.
 struct Observed {
   Reply reply;
-  bool ok() const { return reply.fault == Fault::kNone && reply.body.value("ok", false); }
+  std::vector<json> ranks;   ///< every rank's "case", when all ranks ran it (world size > 1)
+  std::string disagreement;  ///< how one rank's reply differs from rank 0's, when it does
+  bool ok() const {
+    return reply.fault == Fault::kNone && disagreement.empty() && reply.body.value("ok", false);
+  }
   const json& data() const { return reply.body.at("case"); }
   /// A field of a reply that says what was raised; empty after a fault.
   std::string field(const char* name) const {
@@ -211,6 +220,7 @@ std::map<std::string, std::string> cxx_kinds(const Options& options) {
 std::optional<Verdict> common_failure(const std::string& property, const Observed& o,
                                       const std::string& subject) {
   if (o.reply.fault != Fault::kNone) return fail(property, o.reply.message);
+  if (!o.disagreement.empty()) return fail(property, o.disagreement);
   if (o.ok()) return std::nullopt;
   const auto stage = o.stage();
   const auto error = o.field("error");
@@ -329,6 +339,152 @@ class Translation {
   std::map<std::string, Node> nodes_;
 };
 
+/// How wrappers declared to reduce their parameters' gradients across ranks do it; a wrapper
+/// not declared reduces as its class promises (the worker says: DistributedDataParallel and its
+/// subclasses average), else not at all.
+std::map<std::string, std::string> reductions_of(const Options& options) {
+  return options.reductions;
+}
+
+/// The machine epsilon of a dtype as the worker names it.
+double epsilon_of(const std::string& dtype) {
+  if (dtype == "float32") return 0x1p-23;
+  if (dtype == "bfloat16") return 0x1p-7;
+  if (dtype == "float16") return 0x1p-10;
+  return 0x1p-52;
+}
+
+/// P4 on one rank's case `d`: the wrapped and the unwrapped runs against the model's. Across
+/// ranks (`d` has every rank's slice run on the model), a parameter held by a wrapper that
+/// reduces gets the mean (or sum) over the ranks of the slices' gradients, within 2(N+1)
+/// epsilons of its dtype, as the C++ properties across ranks allow; everything else (outputs,
+/// the input's gradient, parameters no reducing wrapper holds) is this rank's own.
+Verdict backward(const std::string& p, const json& d, double tolerance,
+                 const std::map<std::string, std::string>& reductions, const std::string& rank) {
+  if (d.contains("run_wrapped_error")) {
+    return fail(
+        p, rank + "the wrapped model does not run: " + d["run_wrapped_error"].get<std::string>());
+  }
+  if (d.contains("run_unwrapped_error")) {
+    return fail(p, rank + "the unwrapped model does not run: " +
+                       d["run_unwrapped_error"].get<std::string>());
+  }
+  const auto original = keys_of(d.at("original"));
+  const auto& m = d.at("run_original");
+  const auto& wrappers = d.at("wrappers");
+  // Across ranks: for each parameter a reducing wrapper holds, the reduced slices' gradients.
+  std::map<std::string, std::vector<double>> reduced;
+  std::map<std::string, std::string> reduced_how;
+  if (d.contains("run_slices")) {
+    const auto& slices = d.at("run_slices");
+    std::map<std::string, std::pair<int, int>> held;  // tensor -> (means, sums) holding it
+    for (const auto& w : wrappers) {
+      if (w.size() < 6) continue;
+      const auto declared = reductions.find(w[0].get<std::string>());
+      const std::string how = declared != reductions.end() ? declared->second
+                              : w[5].is_string()           ? w[5].get<std::string>()
+                                                           : std::string();
+      if (how.empty()) continue;
+      for (const auto& t : w[4]) {
+        auto& h = held[std::to_string(t.get<int64_t>())];
+        (how == "sum" ? h.second : h.first) += 1;
+      }
+    }
+    for (const auto& [t, h] : held) {
+      std::vector<double> sum;
+      bool any = false;
+      for (const auto& slice : slices) {
+        if (!slice.at("grads").contains(t)) continue;
+        const auto& g = slice.at("grads")[t];
+        sum.resize(g.size(), 0.0);
+        for (size_t i = 0; i < g.size(); ++i) sum[i] += parse_hex(g[i]);
+        any = true;
+      }
+      if (!any) continue;
+      // Nested reducing wrappers do not compound: each reduces the rank's own gradient and the
+      // last to finish writes it. Wrappers that disagree leave either result.
+      reduced[t] = std::move(sum);
+      reduced_how[t] = h.second == 0 ? "mean" : h.first == 0 ? "sum" : "mean or the sum";
+    }
+  }
+  const double world = d.contains("run_slices") ? static_cast<double>(d["run_slices"].size()) : 1;
+  for (const char* which : {"run_wrapped", "run_unwrapped"}) {
+    const bool wrapped = std::string(which) == "run_wrapped";
+    const std::string name = wrapped ? "wrapped" : "unwrapped";
+    const auto& r = d.at(which);
+    if (auto why = differs(r.at("output"), m.at("output"), tolerance); !why.empty()) {
+      return fail(p, rank + "the " + name + " model's output differs from the model's: " + why);
+    }
+    for (const auto& [t, g] : m.at("grads").items()) {
+      if (!r.at("grads").contains(t) && !(wrapped && reduced.count(t))) {
+        return fail(p, rank + "no gradient in the " + name + " run", key_of(original, t));
+      }
+      if (wrapped && reduced.count(t)) continue;
+      if (auto why = differs(r.at("grads")[t], g, tolerance); !why.empty()) {
+        return fail(p, rank + "the gradient in the " + name + " run differs: " + why,
+                    key_of(original, t));
+      }
+    }
+    if (wrapped) {
+      for (const auto& [t, want] : reduced) {
+        if (!r.at("grads").contains(t)) {
+          return fail(p, rank + "no gradient in the wrapped run", key_of(original, t));
+        }
+        const auto& got = r.at("grads")[t];
+        const auto& table = d.at("tensors");
+        const auto index = std::stoul(t);
+        const double eps =
+            epsilon_of(index < table.size() ? table[index].value("dtype", "") : std::string());
+        const double bound = 2.0 * (world + 1) * eps;
+        const auto& how = reduced_how[t];
+        double largest = 0;
+        bool within = false;
+        for (const double scale : {1.0 / world, 1.0}) {
+          if ((scale == 1.0 ? how == "mean" : how == "sum") || got.size() != want.size()) continue;
+          bool all = true;
+          double at = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double diff = std::fabs(parse_hex(got[i]) - scale * want[i]);
+            at = std::max(at, diff);
+            all = all && diff <= bound * (std::fabs(scale * want[i]) + 1.0) + tolerance;
+          }
+          within = within || all;
+          largest = largest == 0 ? at : std::min(largest, at);
+        }
+        if (!within) {
+          std::ostringstream text;
+          text << rank << "the gradient in the wrapped run is not the " << how << " over the "
+               << world << " ranks of the gradients their slices give the model";
+          if (got.size() == want.size()) text << " (largest difference " << largest << ")";
+          return fail(p, text.str(), key_of(original, t));
+        }
+      }
+    }
+    for (const auto& [t, g] : r.at("grads").items()) {
+      if (!m.at("grads").contains(t) && !(wrapped && reduced.count(t))) {
+        return fail(p, rank + "a gradient in the " + name + " run the model has none for",
+                    key_of(original, t));
+      }
+    }
+  }
+  for (size_t i = 0; i < wrappers.size(); ++i) {
+    const auto where = wrappers[i][3].get<std::string>();
+    if (d.at("wrapped_calls")[i].get<int>() == 0) {
+      return fail(p,
+                  rank + "the wrapped run did not go through the " +
+                      wrappers[i][1].get<std::string>() + " at '" + where + "'",
+                  where);
+    }
+    if (d.at("unwrapped_calls")[i].get<int>() != 0) {
+      return fail(p,
+                  rank + "the unwrapped run went through the " + wrappers[i][1].get<std::string>() +
+                      " at '" + where + "'",
+                  where);
+    }
+  }
+  return pass(p);
+}
+
 std::vector<PythonProperty> python_properties(const Options& options) {
   const std::string subject = options.unwrap.empty() ? "(the reference port)" : options.unwrap;
   std::vector<PythonProperty> out;
@@ -440,59 +596,17 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return pass("P3 ties");
                  }});
   const double tolerance = options.tolerance;
+  const auto reductions = reductions_of(options);
   out.push_back(
       {"P4 backward", true, plain,
-       [subject, tolerance](const gen::TreeSpec&, const Observed& o) -> Verdict {
+       [subject, tolerance, reductions](const gen::TreeSpec&, const Observed& o) -> Verdict {
          const std::string p = "P4 backward";
          if (auto f = common_failure(p, o, subject)) return *f;
-         const auto& d = o.data();
-         if (d.contains("run_wrapped_error")) {
-           return fail(
-               p, "the wrapped model does not run: " + d["run_wrapped_error"].get<std::string>());
-         }
-         if (d.contains("run_unwrapped_error")) {
-           return fail(p, "the unwrapped model does not run: " +
-                              d["run_unwrapped_error"].get<std::string>());
-         }
-         const auto original = keys_of(d.at("original"));
-         const auto& m = d.at("run_original");
-         for (const char* which : {"run_wrapped", "run_unwrapped"}) {
-           const std::string name = std::string(which) == "run_wrapped" ? "wrapped" : "unwrapped";
-           const auto& r = d.at(which);
-           if (auto why = differs(r.at("output"), m.at("output"), tolerance); !why.empty()) {
-             return fail(p, "the " + name + " model's output differs from the model's: " + why);
-           }
-           for (const auto& [t, g] : m.at("grads").items()) {
-             if (!r.at("grads").contains(t)) {
-               return fail(p, "no gradient in the " + name + " run", key_of(original, t));
-             }
-             if (auto why = differs(r.at("grads")[t], g, tolerance); !why.empty()) {
-               return fail(p, "the gradient in the " + name + " run differs: " + why,
-                           key_of(original, t));
-             }
-           }
-           for (const auto& [t, g] : r.at("grads").items()) {
-             if (!m.at("grads").contains(t)) {
-               return fail(p, "a gradient in the " + name + " run the model has none for",
-                           key_of(original, t));
-             }
-           }
-         }
-         const auto& wrappers = d.at("wrappers");
-         for (size_t i = 0; i < wrappers.size(); ++i) {
-           const auto where = wrappers[i][3].get<std::string>();
-           if (d.at("wrapped_calls")[i].get<int>() == 0) {
-             return fail(p,
-                         "the wrapped run did not go through the " +
-                             wrappers[i][1].get<std::string>() + " at '" + where + "'",
-                         where);
-           }
-           if (d.at("unwrapped_calls")[i].get<int>() != 0) {
-             return fail(p,
-                         "the unwrapped run went through the " + wrappers[i][1].get<std::string>() +
-                             " at '" + where + "'",
-                         where);
-           }
+         if (o.ranks.empty()) return backward(p, o.data(), tolerance, reductions, "");
+         for (size_t r = 0; r < o.ranks.size(); ++r) {
+           auto v =
+               backward(p, o.ranks[r], tolerance, reductions, "rank " + std::to_string(r) + ": ");
+           if (!v.passed) return v;
          }
          return pass(p);
        }});
@@ -666,27 +780,48 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+/// The names of a reply's keys (its state dict, in order).
+std::vector<std::string> key_names(const json& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) out.push_back(e.at(0).get<std::string>());
+  return out;
+}
+
+/// The worker, or at world size N one worker per rank: each a torch.distributed rank on gloo,
+/// started with the variables torchrun gives its workers, its store (c10d's TCPStore) served
+/// here as torchrun's agent serves it. Every request goes to every rank; a rank's fault stops
+/// the others and restarts all of them under a new attempt (a fresh rendezvous), as torchrun
+/// restarts a failed group.
 class Runner {
  public:
-  explicit Runner(const Options& options)
-      : options_(options),
-        worker_({options.interpreter.empty() ? bridge::python() : options.interpreter,
-                 (std::filesystem::path(worker_dir(options)) / "wrapcert_worker.py").string(),
-                 options.timeout_seconds}) {}
+  explicit Runner(const Options& options) : options_(options) {
+    WorkerOptions base{options.interpreter.empty() ? bridge::python() : options.interpreter,
+                       (std::filesystem::path(worker_dir(options)) / "wrapcert_worker.py").string(),
+                       options.timeout_seconds,
+                       {}};
+    if (options.world_size > 1) store_ = std::make_unique<StoreServer>(0);
+    for (int rank = 0; rank < options.world_size; ++rank) {
+      workers_.push_back(std::make_unique<Worker>(base));
+      if (store_) environment(rank);
+    }
+  }
 
-  /// Starts the worker and checks every wrapper and the subject import.
+  /// Starts the workers (each rank joining the others) and checks every wrapper and the
+  /// subject import.
   void start() {
-    const auto reply = worker_.call(
-        {{"op", "resolve"}, {"wrappers", options_.wrappers}, {"unwrap", options_.unwrap}});
-    if (reply.fault != Fault::kNone) {
-      throw Error(ErrorCode::kInvalidArgument, "",
-                  "the Python worker did not start: " + reply.message + "\n" + reply.stderr_tail);
+    const auto o =
+        exchange({{"op", "resolve"}, {"wrappers", options_.wrappers}, {"unwrap", options_.unwrap}});
+    if (o.reply.fault != Fault::kNone) {
+      throw Error(
+          ErrorCode::kInvalidArgument, "",
+          "the Python worker did not start: " + o.reply.message + "\n" + o.reply.stderr_tail);
     }
-    if (!reply.body.value("ok", false)) {
-      throw Error(ErrorCode::kInvalidArgument, reply.body.value("who", std::string()),
-                  reply.body.value("error", std::string("the worker refused the run")));
+    if (!o.disagreement.empty()) throw Error(ErrorCode::kInvalidArgument, "", o.disagreement);
+    if (!o.reply.body.value("ok", false)) {
+      throw Error(ErrorCode::kInvalidArgument, o.reply.body.value("who", std::string()),
+                  o.reply.body.value("error", std::string("the worker refused the run")));
     }
-    torch_version_ = reply.body.value("torch", std::string());
+    torch_version_ = o.reply.body.value("torch", std::string());
   }
 
   const Observed& observe(const gen::TreeSpec& spec, bool numerics, uint64_t seed) {
@@ -728,12 +863,20 @@ class Runner {
             {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
             {"slots", options_.slots},
             {"seed", seed},
-            {"numerics", numerics}};
+            {"numerics", numerics},
+            {"world_size", options_.world_size},
+            {"reductions", options_.reductions}};
   }
-  Worker& worker() { return worker_; }
+  /// Rank 0's worker (a repro script is written by one rank alone: it runs no collective).
+  Worker& worker() { return *workers_.front(); }
   const std::string& torch_version() const { return torch_version_; }
   int calls(bool numerics) const { return calls_[numerics]; }
   double seconds(bool numerics) const { return seconds_[numerics]; }
+  int starts() const {
+    int n = 0;
+    for (const auto& w : workers_) n += w->starts();
+    return n;
+  }
 
  private:
   const Observed& call(const json& request) {
@@ -742,13 +885,107 @@ class Runner {
     if (auto it = memo_.find(key); it != memo_.end()) return it->second;
     ++calls_[numerics];
     const auto start = Clock::now();
-    Observed o{worker_.call(request)};
+    auto o = exchange(request);
     seconds_[numerics] += std::chrono::duration<double>(Clock::now() - start).count();
     return memo_.emplace(key, std::move(o)).first->second;
   }
 
+  /// torchrun's variables for `rank`, under the current attempt.
+  void environment(int rank) {
+    const auto world = std::to_string(options_.world_size);
+    auto& w = *workers_[static_cast<size_t>(rank)];
+    for (const auto& [name, value] : std::map<std::string, std::string>{
+             {"RANK", std::to_string(rank)},
+             {"LOCAL_RANK", std::to_string(rank)},
+             {"GROUP_RANK", "0"},
+             {"WORLD_SIZE", world},
+             {"LOCAL_WORLD_SIZE", world},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", std::to_string(store_->port())},
+             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+             {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_)},
+             // A rank waiting in a collective gives up first, so the one it waits for is the
+             // one that is named as hung.
+             {"WRAPCERT_COLLECTIVE_TIMEOUT", std::to_string(options_.timeout_seconds / 2)}}) {
+      w.set_environment(name, value);
+    }
+    const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+    w.set_environment("GLOO_SOCKET_IFNAME", interface && *interface ? interface : "lo");
+  }
+
+  /// Every rank's reply to `request`, merged.
+  Observed exchange(const json& request) {
+    if (workers_.size() == 1) return Observed{workers_.front()->call(request), {}, {}};
+    const size_t n = workers_.size();
+    std::vector<std::future<Reply>> pending;
+    for (auto& w : workers_) {
+      pending.push_back(
+          std::async(std::launch::async, [&w, &request] { return w->call(request); }));
+    }
+    std::vector<std::optional<Reply>> replies(n);
+    std::optional<size_t> faulted;  // the first rank to fault: the others are stopped
+    for (size_t done = 0; done < n;) {
+      for (size_t r = 0; r < n; ++r) {
+        if (replies[r] ||
+            pending[r].wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+          continue;
+        }
+        replies[r] = pending[r].get();
+        ++done;
+        if (replies[r]->fault != Fault::kNone && replies[r]->fault != Fault::kStopped && !faulted) {
+          faulted = r;
+          for (auto& w : workers_) w->interrupt();
+        }
+      }
+    }
+    Observed o;
+    auto restart_all = [&] {
+      ++attempt_;
+      for (size_t r = 0; r < n; ++r) {
+        workers_[r]->restart();
+        environment(static_cast<int>(r));
+      }
+    };
+    if (faulted) {
+      o.reply = std::move(*replies[*faulted]);
+      o.reply.message = "rank " + std::to_string(*faulted) + ": " + o.reply.message;
+      restart_all();
+      return o;
+    }
+    o.reply = std::move(*replies[0]);
+    const bool ok0 = o.reply.body.value("ok", false);
+    for (size_t r = 1; r < n && o.disagreement.empty(); ++r) {
+      const auto& body = replies[r]->body;
+      const std::string rank = "rank " + std::to_string(r);
+      if (body.value("ok", false) != ok0) {
+        o.disagreement =
+            ok0 ? rank + " could not run the case (" + body.value("stage", std::string()) +
+                      "): " + body.value("error", std::string()) + " where rank 0 ran it"
+                : "rank 0 could not run the case (" + o.reply.body.value("stage", std::string()) +
+                      "): " + o.reply.body.value("error", std::string()) + " where " + rank +
+                      " ran it";
+      } else if (ok0 && body.contains("case")) {
+        for (const char* what : {"original", "wrapped", "unwrapped"}) {
+          if (key_names(body["case"].at(what)) != key_names(o.reply.body["case"].at(what))) {
+            o.disagreement = rank + "'s " + what + " model has other keys than rank 0's";
+            break;
+          }
+        }
+      }
+    }
+    if (!o.disagreement.empty()) {
+      restart_all();  // a collective may have been left half done
+    } else if (ok0 && o.reply.body.contains("case")) {
+      o.ranks.push_back(o.reply.body["case"]);
+      for (size_t r = 1; r < n; ++r) o.ranks.push_back(std::move(replies[r]->body["case"]));
+    }
+    return o;
+  }
+
   const Options& options_;
-  Worker worker_;
+  std::unique_ptr<StoreServer> store_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  int attempt_ = 0;
   std::map<std::string, Observed> memo_;
   std::string torch_version_;
   int calls_[2] = {0, 0};
@@ -798,6 +1035,8 @@ std::string describe(const gen::TreeSpec& spec, const Observed& o) {
   outline(spec.root, "", 0, out);
   if (o.reply.fault != Fault::kNone) {
     out += o.reply.message + "\n";
+  } else if (!o.disagreement.empty()) {
+    out += o.disagreement + "\n";
   } else {
     out +=
         o.stage() + " (" + o.field("who") + "): " + o.field("error") + "\n" + o.field("traceback");
@@ -853,6 +1092,16 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
   std::string replay = "wrapcert certify-python";
   for (const auto& w : options.wrappers) replay += " --wrapper " + shell_quote(w);
   for (const auto& [w, s] : options.slots) replay += " --slot " + shell_quote(w + "=" + s);
+  for (const auto& [w, k] : options.models) replay += " --models " + shell_quote(w + "=" + k);
+  for (const auto& [w, how] : options.reductions) {
+    replay += " --reduction " + shell_quote(w + "=" + how);
+  }
+  if (options.world_size > 1) replay += " --world-size " + std::to_string(options.world_size);
+  if (options.tolerance > 0) {
+    std::ostringstream t;
+    t << std::setprecision(17) << options.tolerance;
+    replay += " --tolerance " + t.str();
+  }
   if (!options.unwrap.empty()) replay += " --unwrap " + shell_quote(options.unwrap);
   replay += " --seed " + std::to_string(seed) + " --cases " + std::to_string(options.cases);
 
@@ -882,7 +1131,8 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
           const auto& o = runner.observe(spec, property.numerics, seed);
           // A child name PyTorch refuses ("modules": a method of nn.Module) has no Python case.
           RC_PRE(o.ok() || o.reply.fault != Fault::kNone || o.stage() != "unbuildable");
-          if (!o.ok() && o.reply.fault == Fault::kNone && o.stage() == "wrap") {
+          if (!o.ok() && o.reply.fault == Fault::kNone && o.disagreement.empty() &&
+              o.stage() == "wrap") {
             ++refused;  // a wrapper that refuses a module (DDP without parameters) is a skip
             if (refusal.empty()) refusal = o.field("error");
             RC_DISCARD("a wrapper refused the module");
@@ -986,7 +1236,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     stats->structural_seconds = runner.seconds(false);
     stats->numeric_cases = runner.calls(true);
     stats->numeric_seconds = runner.seconds(true);
-    stats->worker_starts = runner.worker().starts();
+    stats->worker_starts = runner.starts();
     stats->torch_version = runner.torch_version();
   }
   if (options.fixtures) {  // what the report names; the models were built by the worker

@@ -30,6 +30,15 @@ struct Options {
   /// row: on each tree the kind's saved keys must be the real wrapper's. Torch's DataParallel,
   /// DistributedDataParallel and checkpoint_wrapper are mapped already.
   std::map<std::string, std::string> models;
+  /// How a wrapper reduces its parameters' gradients across ranks ("mean" or "sum"), for P4
+  /// at a world size above 1. Undeclared: a DistributedDataParallel (or subclass) averages, as
+  /// its class promises; any other wrapper reduces nothing. A parameter no reducing wrapper
+  /// holds keeps its rank's own gradient.
+  std::map<std::string, std::string> reductions;
+  /// Ranks: at N > 1 the worker runs as N torch.distributed ranks on gloo (torchrun's
+  /// variables, a c10d TCPStore served here), every case on every rank, each rank on its own
+  /// slice of a global batch of 2N examples.
+  int world_size = 1;
   /// The unwrap function under test (`package.module:callable`, model -> module); empty: the
   /// Python port of the reference unwrap, and the wrappers are what is certified.
   std::string unwrap;
@@ -61,7 +70,7 @@ struct Stats {
   double structural_seconds = 0;
   int numeric_cases = 0;  ///< P4's cases: also the model, the wrapped and the unwrapped run
   double numeric_seconds = 0;
-  int worker_starts = 0;      ///< 1, plus one per worker fault
+  int worker_starts = 0;      ///< processes started: one per rank, plus one per rank per fault
   std::string torch_version;  ///< the PyTorch the worker imported
 };
 

@@ -67,6 +67,8 @@ const char* to_string(Fault fault) {
       return "hung";
     case Fault::kGarbage:
       return "garbage";
+    case Fault::kStopped:
+      return "stopped";
   }
   return "?";
 }
@@ -104,8 +106,17 @@ void Worker::start() {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int rc =
-      ::posix_spawnp(&pid_, options_.interpreter.c_str(), &actions, nullptr, argv.data(), environ);
+  std::vector<std::string> variables;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    if (!options_.environment.count(entry.substr(0, entry.find('=')))) variables.push_back(entry);
+  }
+  for (const auto& [name, value] : options_.environment) variables.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& v : variables) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  const int rc = ::posix_spawnp(&pid_, options_.interpreter.c_str(), &actions, nullptr, argv.data(),
+                                envp.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(sv[1]);
   ::close(out[1]);
@@ -220,6 +231,10 @@ Reply Worker::call(nlohmann::json request) {
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (interrupted_.exchange(false)) {
+      stop(false);
+      return fault(Fault::kStopped, "the Python worker was stopped: another rank faulted");
+    }
     if (left <= 0) {
       stop(true);
       std::ostringstream limit;
@@ -227,7 +242,7 @@ Reply Worker::call(nlohmann::json request) {
       return fault(Fault::kHung, "the Python worker gave no reply within " + limit.str() + " s");
     }
     pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
-    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1000)));
+    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 100)));
     if (ready < 0 && errno != EINTR) return died();
     if (fds[1].revents) {
       if (!read_some(err_, err_tail_)) close_fd(err_);

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/types.h>
+#include <atomic>
+#include <map>
 #include <string>
 
 namespace wrapcert::python {
@@ -18,6 +20,8 @@ struct WorkerOptions {
   std::string interpreter;       ///< the Python to run
   std::string script;            ///< wrapcert_worker.py
   double timeout_seconds = 120;  ///< per call; the worker is stopped as hung after it
+  /// Variables set for the worker over this process's own (a rank's RANK, WORLD_SIZE, ...).
+  std::map<std::string, std::string> environment;
 };
 
 enum class Fault {
@@ -25,6 +29,7 @@ enum class Fault {
   kDied,     ///< the worker exited or was killed by a signal before replying
   kHung,     ///< no reply within the time limit; the worker was stopped
   kGarbage,  ///< the reply was not one JSON object with the request's id
+  kStopped,  ///< `interrupt()` stopped it before it replied (another rank faulted)
 };
 const char* to_string(Fault fault);
 
@@ -46,6 +51,19 @@ class Worker {
   Reply call(nlohmann::json request);
   /// How many processes were started so far (1 after the first call, more after faults).
   int starts() const { return starts_; }
+  /// Makes a `call` in progress on another thread stop the worker and return `kStopped`
+  /// within 100 ms (or the next call, when none is in progress). Safe from any thread.
+  void interrupt() { interrupted_ = true; }
+  /// Sets a variable for the worker's next start; the running one keeps what it started with.
+  void set_environment(const std::string& name, const std::string& value) {
+    options_.environment[name] = value;
+  }
+  /// Stops the process now, if one runs, and forgets an `interrupt()`; the next call starts a
+  /// fresh one.
+  void restart() {
+    interrupted_ = false;
+    stop(false);
+  }
 
  private:
   void start();
@@ -63,6 +81,7 @@ class Worker {
   int status_ = 0;  // how it ended, after stop()
   long next_id_ = 1;
   int starts_ = 0;
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace wrapcert::python

@@ -7,8 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 namespace wrapcert::python {
 namespace {
@@ -26,7 +30,7 @@ class WorkerTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "worker.py") << "import json, sys, os, time\n" << body;
-    return Worker({bridge::python(), (dir_ / "worker.py").string(), timeout});
+    return Worker({bridge::python(), (dir_ / "worker.py").string(), timeout, {}});
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::filesystem::path dir_;
@@ -93,12 +97,43 @@ TEST_F(WorkerTest, AHangIsStoppedAtTheLimitWithThePythonStack) {
 }
 
 TEST(Worker, AnInterpreterThatDoesNotExistIsAnErrorNamingIt) {
-  Worker worker({"/nonexistent/python3", "worker.py", 1});
+  Worker worker({"/nonexistent/python3", "worker.py", 1, {}});
   EXPECT_THAT(
       [&] {
         worker.call({{"op", "x"}});
       },
       ThrowsError(ErrorCode::kInvalidArgument, _, HasSubstr("/nonexistent/python3")));
+}
+
+TEST_F(WorkerTest, TheWorkerGetsItsVariablesOverThisProcesssOwn) {
+  auto worker = worker_of(
+      "for line in sys.stdin:\n"
+      "    req = json.loads(line)\n"
+      "    print(json.dumps({'id': req['id'], 'rank': os.environ.get('RANK'),\n"
+      "                      'path': os.environ.get('PATH')}), flush=True)\n");
+  worker.set_environment("RANK", "1");
+  const auto reply = worker.call({{"op", "x"}});
+  ASSERT_EQ(reply.fault, Fault::kNone) << reply.message;
+  EXPECT_EQ(reply.body["rank"], "1");
+  EXPECT_EQ(reply.body["path"], std::getenv("PATH"));
+  // A variable set later reaches the next process, not the running one.
+  worker.set_environment("RANK", "2");
+  EXPECT_EQ(worker.call({{"op", "x"}}).body["rank"], "1");
+  worker.restart();
+  EXPECT_EQ(worker.call({{"op", "x"}}).body["rank"], "2");
+  EXPECT_EQ(worker.starts(), 2);
+}
+
+TEST_F(WorkerTest, InterruptStopsACallInProgressAtOnce) {
+  auto worker = worker_of("for line in sys.stdin:\n    time.sleep(60)\n", 60);
+  auto pending = std::async(std::launch::async, [&] { return worker.call({{"op", "x"}}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto asked = std::chrono::steady_clock::now();
+  worker.interrupt();
+  const auto reply = pending.get();
+  EXPECT_EQ(reply.fault, Fault::kStopped);
+  EXPECT_THAT(reply.message, HasSubstr("another rank faulted"));
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(5));
 }
 
 }  // namespace
