@@ -95,6 +95,54 @@ case "$group" in
     certify 1 --wrapper wrappers_under_test:Unregistered
     expect failed "a wrapper that hides the module" P1
     grep -q "holds the module it wraps in no child of its own" "$dir/report.json" || fail "Unregistered's reason"
+    certify 1 --wrapper wrappers_under_test:not_a_module
+    grep -q "gave back a builtins.dict, not a torch.nn.Module" "$dir/report.json" || fail "a wrapper that gives back no module"
+    # One fault each, rejected by the row named, with a repro that exits 1 saying what differs.
+    contract() {  # contract WRAPPER ROW PROBLEM [ARGS...]: certify fails ROW; the repro shows PROBLEM
+      local wrapper=$1 row=$2 problem=$3
+      shift 3
+      rm -f "$dir/repro.py"
+      certify 1 --wrapper "wrappers_under_test:$wrapper" --repro "$dir/repro.py" "$@"
+      expect failed "$wrapper" "$row"
+      [ -s "$dir/repro.py" ] || fail "$wrapper: no repro script"
+      /usr/bin/python3 "$dir/repro.py" > "$dir/repro.txt" 2>&1
+      local code=$?
+      [ "$code" -eq 1 ] || { cat "$dir/repro.txt"; fail "$wrapper: the repro exited $code, not 1"; }
+      grep -q "^PROBLEM: $problem" "$dir/repro.txt" || { cat "$dir/repro.txt"; fail "$wrapper: the repro does not show '$problem'"; }
+    }
+    contract SqueezesBatch P4 "the wrapped output has shape \[3\] where the model's has \[1, 3\] (a single example)" --max-size 1
+    grep -q "has shape \[3\] where the model's has \[1,3\] (a single example)" "$dir/report.json" || fail "SqueezesBatch's reason"
+    contract refuses P1 "the wrapper wrappers_under_test:refuses refused the model"
+    grep -q "refused [0-9]* of the [0-9]* generated models that had a wrapper (more than half): [0-9]* × wrappers_under_test:refuses: ValueError" "$dir/report.json" || fail "refusals are not counted by reason"
+    contract NonPersistentState P15 "the wrapper wrappers_under_test:NonPersistentState holds a non-persistent buffer 'mask'"
+    certify 0 --wrapper wrappers_under_test:NonPersistentState --owned-state wrappers_under_test:NonPersistentState=mask
+    contract RenamesNestedKeys P8 "keys mapping: the wrapped key .*\\.w translates to"
+    contract StorageCast P2 ".* is the model's tensor object, but its values no longer live in the model's storage"
+    contract ScalesGradients P4 "the gradient of .* differs in the wrapped run"
+    contract NoGrad P4 "the wrapped model does not run"
+    contract ExtraState P8 "keys mapping: the wrapped key steps translates to steps"
+    expect failed "ExtraState" P15
+    # Declared, its counter is its own (P8 passes), but two ExtraStates stacked save two
+    # counters under one key.
+    certify 1 --wrapper wrappers_under_test:ExtraState --owned-state wrappers_under_test:ExtraState=steps
+    expect passed "ExtraState, declared" P8
+    grep -q "the ExtraState's own 'steps' and its slot's 'inner.steps' translate to one key" "$dir/report.json" || fail "stacked own state"
+    # Correct ones: a forward pre-hook of its own; the module also kept in a plain list.
+    certify 0 --wrapper wrappers_under_test:PreHooked
+    certify 0 --wrapper wrappers_under_test:ListedBeside
+    # A wrapper no wrapcert kind models: nothing to compare in "C++ agreement", no case spent.
+    /usr/bin/python3 - "$dir/report.json" <<'PY' || fail "C++ agreement is not skipped for a wrapper no kind models"
+import json, sys
+e = [e for e in json.load(open(sys.argv[1]))["entries"] if e["property"] == "C++ agreement"][0]
+sys.exit(not (e["status"] == "skipped" and e["cases"] == 0 and "--models" in e["reason"]))
+PY
+    # Messages: rapidcheck's line names the run's seed; replay lines carry PYTHONPATH; --help
+    # shows defaults; P5 names the wrapped model before unwrap, not the model.
+    grep -q "Using configuration: seed=7" "$dir/out.txt" || fail "rapidcheck names another seed"
+    "$tool" certify-python --help | grep -q -- "--cases INT:INT in \[1 - 1000000\]=100" || fail "--help shows no defaults"
+    certify 1 --wrapper DataParallel --unwrap known_unwraps:duck_typed_recursive
+    grep -q "PYTHONPATH=$src/property_tests/python" "$dir/report.json" || fail "the replay line lacks PYTHONPATH"
+    grep -q "where the wrapped model before has" "$dir/report.json" || fail "P5 does not name the wrapped model"
     echo "Python wrappers: the sound one certified, each faulty one rejected"
     ;;
   faults)
@@ -119,6 +167,7 @@ case "$group" in
     mkdir "$dir/fake"
     cat > "$dir/fake/wrapcert_worker.py" <<'PY'
 import json, os, sys
+print(json.dumps({"ready": True}), flush=True)
 count = os.path.join(os.path.dirname(__file__), "starts")
 starts = int(open(count).read()) if os.path.exists(count) else 0
 open(count, "w").write(str(starts + 1))
@@ -138,6 +187,18 @@ PY
     grep -q "the Python worker exited with status 1" "$dir/report.json" || fail "a worker that raises is not named"
     grep -q "the fake worker gives up" "$dir/report.json" || fail "no traceback from a worker that raises"
     grep -q "the Python worker exited with status 3" "$dir/report.json" || fail "a worker that exits is not named"
+    # The time limit covers a case, not the interpreter's start: a worker that takes 4 s to
+    # start passes with --timeout 3, and fails to start, saying so, with --start-timeout 1.
+    mkdir "$dir/slow"
+    cat > "$dir/slow/wrapcert_worker.py" <<PY
+import runpy, sys, time
+time.sleep(4)
+sys.argv[0] = "$(dirname "$tool")/share/wrapcert/python/wrapcert_worker.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+    WRAPCERT_PYTHON_DIR="$dir/slow" certify 0 --wrapper DataParallel --timeout 3
+    WRAPCERT_PYTHON_DIR="$dir/slow" run 2 certify-python --wrapper DataParallel --start-timeout 1
+    grep -q "did not start within 1 s" "$dir/out.txt" || fail "a slow start is not named as such"
     echo "worker faults: each a verdict or a clear error"
     ;;
   dump)

@@ -99,6 +99,97 @@ class Noisy(Sound):
         return self.inner(x)
 
 
+class SqueezesBatch(Sound):
+    """Squeezes the batch dimension away: exact at batch 2, a (dim,) output for a single
+    example (P4 at batch 1, by shape)."""
+
+    def forward(self, x):
+        return self.inner(x).squeeze(0)
+
+
+def refuses(module):
+    """A wrapper function that refuses every model (a wrapper's missing precondition)."""
+    raise ValueError("refused: this wrapper needs a process group")
+
+
+class NonPersistentState(Sound):
+    """Keeps a non-persistent buffer of its own that nobody declared (P15): no state dict shows
+    it, yet it is state a release or a checkpoint must account for."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.register_buffer("mask", torch.ones(1), persistent=False)
+
+
+class RenamesNestedKeys(Sound):
+    """A state-dict hook that renames the nested keys' last component (`weight` to `w`): the
+    saved keys no longer translate to the model's (P8)."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self._register_state_dict_hook(RenamesNestedKeys._rename)
+
+    @staticmethod
+    def _rename(module, state_dict, prefix, local_metadata):
+        for key in [k for k in state_dict if k.startswith(prefix) and k.endswith(".weight")]:
+            state_dict[key[:-len("weight")] + "w"] = state_dict.pop(key)
+        return state_dict
+
+
+class StorageCast(Sound):
+    """Casts the wrapped module to float32 in place (`module.float()`, new storages behind the
+    same Parameter objects) and computes in float32 (P2: not the model's storage)."""
+
+    def __init__(self, module):
+        super().__init__(module.float())
+
+    def forward(self, x):
+        return self.inner(x.float() if x.is_floating_point() else x).double()
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class ScalesGradients(Sound):
+    """Doubles the gradient flowing into the wrapped module's output: outputs exact, every
+    gradient behind it twice the model's (P4)."""
+
+    def forward(self, x):
+        return _Twice.apply(self.inner(x))
+
+
+class PreHooked(Sound):
+    """Correct: a forward pre-hook of its own that passes the input on unchanged."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.calls = 0
+        self.register_forward_pre_hook(PreHooked._count)
+
+    @staticmethod
+    def _count(module, args):
+        module.calls += 1
+        return args
+
+
+class ListedBeside(Sound):
+    """Correct: keeps the module in its slot and, unregistered, in a plain list beside it."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.also = [module]
+
+    def forward(self, x):
+        return self.also[0](x)
+
+
 # ---------------------------------------------------------------------------------------------
 # Across ranks (`--world-size N`): DistributedDataParallel with the reduction a comm hook does.
 
@@ -168,3 +259,8 @@ class HangsRank1(Sound):
         while dist.get_rank() == 1:
             time.sleep(1)
         super().__init__(nn.parallel.DistributedDataParallel(module))
+
+
+def not_a_module(module):
+    """Gives back something that is not a module: a broken contract, named as such."""
+    return {"wrapped": module}

@@ -557,6 +557,7 @@ struct CertifyPythonOptions {
   std::vector<std::string> slots;       // wrapper=slot
   std::vector<std::string> models;      // wrapper=kind
   std::vector<std::string> reductions;  // wrapper=mean|sum
+  std::vector<std::string> owned;       // wrapper=name
   std::string markdown;
   std::string json;
   std::string junit;
@@ -586,6 +587,13 @@ int run_certify_python(CertifyPythonOptions& o) {
     }
     o.options.reductions[m.substr(0, eq)] = how;
   }
+  for (const auto& m : o.owned) {
+    const auto eq = m.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
+      throw CLI::ValidationError("--owned-state", "'" + m + "' is not WRAPPER=NAME");
+    }
+    o.options.owned_state[m.substr(0, eq)].push_back(m.substr(eq + 1));
+  }
   wrapcert::python::Stats stats;
   const auto report =
       wrapcert::python::certify_python(o.options, console_listener(o.quiet), &stats);
@@ -596,8 +604,10 @@ int run_certify_python(CertifyPythonOptions& o) {
   std::cout << "\nworker (PyTorch " << stats.torch_version << "): " << stats.structural_cases
             << " structural cases (" << rate(stats.structural_cases, stats.structural_seconds)
             << "), " << stats.numeric_cases << " P4 cases ("
-            << rate(stats.numeric_cases, stats.numeric_seconds) << "), " << stats.worker_starts
-            << (stats.worker_starts == 1 ? " process" : " processes") << "\n";
+            << rate(stats.numeric_cases, stats.numeric_seconds) << "), " << stats.fixture_cases
+            << " fixture cases (" << static_cast<int>(stats.fixture_seconds * 1000) << " ms), "
+            << stats.worker_starts << (stats.worker_starts == 1 ? " process" : " processes")
+            << "\n";
   return code;
 }
 
@@ -758,6 +768,7 @@ int main(int argc, char** argv) {
       "certify-python",
       "Certify real Python wrappers, or a Python unwrap function, on generated trees built in "
       "PyTorch by a persistent worker ($WRAPCERT_PYTHON, else /usr/bin/python3)");
+  py_cmd->option_defaults()->always_capture_default();
   py_cmd
       ->add_option("--wrapper", py.options.wrappers,
                    "a wrapper: package.module:callable (through PYTHONPATH) or DataParallel, "
@@ -779,6 +790,9 @@ int main(int argc, char** argv) {
   py_cmd->add_option("--reduction", py.reductions,
                      "WRAPPER=mean|sum: how a wrapper reduces gradients across ranks (P4 at "
                      "--world-size above 1; DistributedDataParallel: mean); repeatable");
+  py_cmd->add_option("--owned-state", py.owned,
+                     "WRAPPER=NAME: a tensor or module a wrapper holds besides its slot, "
+                     "declared as its own (P15; P8 does not translate it); repeatable");
   py_cmd->add_option("--unwrap", py.options.unwrap,
                      "the unwrap function to certify (package.module:callable, model -> module); "
                      "default: wrapcert's reference unwrap ported to Python");
@@ -793,7 +807,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   py_cmd
       ->add_option("--timeout", py.options.timeout_seconds,
-                   "seconds one case may take before the worker is stopped as hung")
+                   "seconds one case may take before the worker is stopped as hung (from the "
+                   "case's start; starting the interpreter has --start-timeout)")
+      ->check(CLI::Range(0.1, 86400.0));
+  py_cmd
+      ->add_option("--start-timeout", py.options.start_timeout_seconds,
+                   "seconds a worker may take to start (the interpreter, importing torch)")
       ->check(CLI::Range(0.1, 86400.0));
   py_cmd->add_option("--repro", py.options.repro,
                      "write a standalone Python script reproducing the first failure here");

@@ -379,7 +379,14 @@ def hexes(t):
 
 
 def run(model, x, probe, tensors):
-    """Output and gradients (by tensor number) of one forward and backward on `x`."""
+    """Output (values and shape) and gradients (by tensor number) of one forward and backward
+    on the batch `x`, and under "single" the same for its first example alone."""
+    out = run_once(model, x, probe, tensors)
+    out["single"] = run_once(model, x[:1], probe, tensors)
+    return out
+
+
+def run_once(model, x, probe, tensors):
     model.zero_grad(set_to_none=True)
     if x.is_floating_point():
         x = x.detach().requires_grad_(True)  # a reentrant checkpoint needs an input that does
@@ -392,7 +399,7 @@ def run(model, x, probe, tensors):
             grads[str(tensors.id(p))] = hexes(p.grad)
     if x.is_floating_point() and x.grad is not None:
         grads["input"] = hexes(x.grad)
-    return {"output": hexes(out), "grads": grads}
+    return {"output": hexes(out), "shape": list(out.shape), "grads": grads}
 
 
 class Counter:
@@ -526,6 +533,10 @@ def observe(req, make, wraps, batch):
                 raise Failure("wrap", name, f"{type(e).__name__}: {e}")
             if wrapper is inner:
                 raise Failure("contract", name, "the wrapper gave back the module it was given")
+            if not isinstance(wrapper, nn.Module):
+                raise Failure("contract", name, f"the wrapper gave back a "
+                              f"{type(wrapper).__module__}.{type(wrapper).__qualname__}, not a "
+                              "torch.nn.Module")
             slot = slots.get(name) or next(
                 (k for k, v in wrapper._modules.items() if v is inner), None)
             if slot is None:
@@ -538,12 +549,31 @@ def observe(req, make, wraps, batch):
             else:
                 model = wrapper
     wrapped = model
-    # Each wrapper: its name, class, slot, path, the tensors of the parameters it holds, and
-    # how it reduces their gradients across ranks as its class promises ("mean" for
-    # DistributedDataParallel and its subclasses; None).
+    # Each wrapper: its name, class, slot, path in the model, the tensors of the parameters it
+    # holds, how it reduces their gradients across ranks as its class promises ("mean" for
+    # DistributedDataParallel and its subclasses; None), what it holds itself besides its slot
+    # ([name, what, one of the model's own modules or tensors, persistent]), and its path in the
+    # wrapped model.
+    model_modules = {id(m) for m in first.modules()}
+    model_tensors = {t for _, t in result["original"]}
+    where = {}
+    for path, m in wrapped.named_modules(remove_duplicate=False):
+        where.setdefault(id(m), path)
+
+    def own(w, slot):
+        items = [[k, "module", id(c) in model_modules, True]
+                 for k, c in w._modules.items() if k != slot and c is not None]
+        items += [[k, "parameter", tensors.id(t) in model_tensors, True]
+                  for k, t in w._parameters.items() if t is not None]
+        items += [[k, "buffer", tensors.id(t) in model_tensors,
+                   k not in w._non_persistent_buffers_set]
+                  for k, t in w._buffers.items() if t is not None]
+        return items
+
     result["wrappers"] = [[n, type(w).__name__, s, p,
                            sorted({tensors.id(t) for t in w.parameters()}),
-                           "mean" if isinstance(w, nn.parallel.DistributedDataParallel) else None]
+                           "mean" if isinstance(w, nn.parallel.DistributedDataParallel) else None,
+                           own(w, s), where.get(id(w))]
                           for n, w, s, p in made]
     result["wrapped"] = state(wrapped, tensors)
     result["wrapped_modules"] = modules(wrapped, objects)
@@ -655,95 +685,203 @@ def repro(req):
         port = UNWRAP_PORT.rstrip().replace("def unwrap(model, kinds):",
                                             "def unwrap_port(model, kinds):")
         out += ["", "# wrapcert's reference unwrap (Python port)", port, ""]
-    out += ["", "",
-            "def run(m, x):",
-            "    \"\"\"Output, and gradients of the model's tensors and of the input.\"\"\"",
-            "    m.zero_grad(set_to_none=True)",
-            "    x = x.detach().requires_grad_(True)",
-            "    out = m(x)",
-            "    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)",
-            "    (out * w).sum().backward()",
-            "    grads = {k: t.grad for k, t in original.items() if t.requires_grad}",
-            "    grads['(the input)'] = x.grad",
-            "    return out.detach(), grads",
-            "", "",
-            f"torch.manual_seed({seed})"] + builder.lines
+    out += [f"SLOTS = {dict(req.get('slots') or {})!r}  # given with --slot",
+            f"OWNED = {dict(req.get('owned_state') or {})!r}  # declared with --owned-state",
+            "", ""]
+    out += REPRO_HELPERS.splitlines()
+    out += ["", "", f"torch.manual_seed({seed})"] + builder.lines
     out += ["original = {k: v for k, v in " + builder.root +
             ".state_dict(keep_vars=True).items()}",
+            "storages = {k: storage(v) for k, v in original.items()}",
             "# the global batch: two examples per rank, this rank running its own two",
             f"batch = torch.randn(2 * WORLD, {builder.dim}, "
             f"generator=torch.Generator().manual_seed({seed + 7919}))",
-            "x = batch[2 * RANK:2 * RANK + 2]"]
+            "runs = [('a batch', 2), ('a single example', 1)]"]
     if req.get("numerics"):
-        out += [f"before = run({builder.root}, x)",
-                "# what a wrapper that averages (or sums) gradients across ranks must give",
-                f"slices = [run({builder.root}, batch[2 * r:2 * r + 2])[1] for r in range(WORLD)]",
-                "summed = {k: sum(s[k] for s in slices) if all(s[k] is not None for s in slices)",
-                "          else None for k in slices[0]}"]
-    out += ["", "# wrapping, innermost wrapper first, children before parents",
-            "kinds = {}  # wrapper class -> the child that holds the wrapped module",
-            "made = []  # (wrapper name, wrapper)", "", "",
-            "def wrap(name, make, inner):",
-            "    wrapper = make(inner)",
-            "    kinds.setdefault(type(wrapper),",
-            "                     next((k for k, v in wrapper._modules.items() if v is inner), None))",
-            "    made.append((name, wrapper))",
-            "    return wrapper", "", ""]
+        out += ["before, summed = {}, {}",
+                "for label, n in runs:",
+                f"    before[label] = run({builder.root}, batch[2 * RANK:2 * RANK + n])",
+                "    # what a wrapper that averages (or sums) gradients across ranks must give",
+                f"    slices = [run({builder.root}, batch[2 * r:2 * r + n])[1] for r in range(WORLD)]",
+                "    summed[label] = {k: sum(s[k] for s in slices)",
+                "                     if all(s[k] is not None for s in slices) else None",
+                "                     for k in slices[0]}"]
+    out += ["", "# wrapping, innermost wrapper first, children before parents"]
     out += builder.wrap_lines(lambda n, target: f"wrap({n!r}, {calls[n]}, {target})")
     if not unwrap_name:
         out += ["unwrap = lambda m: unwrap_port(m, kinds)"]
-    out += [
-        "print(model)",
-        "wrapped_keys = list(model.state_dict().keys())",
-        "unwrapped = unwrap(model)",
-        "got = unwrapped.state_dict(keep_vars=True)",
-        "problems = []",
-        "if list(got) != list(original):",
-        "    problems.append('keys differ: the unwrapped model has ' + str(list(got)) +",
-        "                    ',\\n  the model had ' + str(list(original)))",
-        "for key, tensor in original.items():",
-        "    if key in got and got[key] is not tensor:",
-        "        problems.append(key + ' is not the model\\'s own tensor after unwrapping')",
-        "if list(model.state_dict().keys()) != wrapped_keys:",
-        "    problems.append('unwrapping changed the wrapped model: its keys are now ' +",
-        "                    str(list(model.state_dict().keys())))",
-    ]
+    out += REPRO_CHECKS.splitlines()
     if req.get("numerics"):
-        out += [
-            "# Across ranks, a parameter a reducing wrapper holds gets the mean (or the sum) of",
-            "# the slices' gradients; everything else is this rank's own.",
-            "how = {}",
-            "for name, w in made:",
-            "    r = REDUCTIONS.get(name) or ('mean' if isinstance(",
-            "        w, torch.nn.parallel.DistributedDataParallel) else None)",
-            "    for t in w.parameters() if r and WORLD > 1 else []:",
-            "        how.setdefault(id(t), set()).add(r)",
-            "for name, m in (('wrapped', model), ('unwrapped', unwrapped)):",
-            "    after = run(m, x)",
-            "    if not torch.equal(after[0], before[0]):",
-            "        problems.append(f'the {name} output differs: {after[0]} against {before[0]}')",
-            "    for key, a in before[1].items():",
-            "        b = after[1].get(key)",
-            "        ways = how.get(id(original[key]), ()) if name == 'wrapped' and key in original "
-            "else ()",
-            "        if ways and b is not None and summed[key] is not None:",
-            "            eps = torch.finfo(b.dtype).eps * 2 * (WORLD + 1)",
-            "            wants = [summed[key] / WORLD if w == 'mean' else summed[key] for w in ways]",
-            "            if not any(torch.allclose(b, want, rtol=eps, atol=eps) for want in wants):",
-            "                said = ' or the '.join(sorted(ways))",
-            "                problems.append(f'the gradient of {key} in the wrapped run is not the '",
-            "                                f'{said} over the ranks of the gradients of their '",
-            "                                f'slices: {b} against {wants[0]}, largest '",
-            "                                f'difference {(b - wants[0]).abs().max()}')",
-            "            continue",
-            "        if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):",
-            "            problems.append(f'the gradient of {key} differs in the {name} run: '",
-            "                            f'{b} against {a}, largest difference '",
-            "                            f'{None if a is None or b is None else (a - b).abs().max()}')",
-        ]
+        out += REPRO_NUMERICS.splitlines()
     out += ["for p in problems:", "    print(f'PROBLEM (rank {RANK}):' if WORLD > 1 else 'PROBLEM:', p)",
             "sys.exit(1 if problems else 0)", ""]
     return "\n".join(out)
+
+
+# What every repro script defines before it builds the model.
+REPRO_HELPERS = """
+def run(m, x):
+    \"\"\"Output, and gradients of the model's tensors and of the input.\"\"\"
+    m.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    out = m(x)
+    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * w).sum().backward()
+    grads = {k: t.grad for k, t in original.items() if t.requires_grad}
+    grads['(the input)'] = x.grad
+    return out.detach(), grads
+
+
+def storage(t):
+    \"\"\"Where a tensor's values live: storage, offset, shape, stride, dtype.\"\"\"
+    return (t.storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            t.dtype)
+
+
+kinds = {}  # wrapper class -> the child that holds the wrapped module
+made = []  # (wrapper name, wrapper, its slot)
+
+
+def wrap(name, make, inner):
+    try:
+        wrapper = make(inner)
+    except Exception as e:
+        print(f'PROBLEM: the wrapper {name} refused the model: {type(e).__name__}: {e}')
+        sys.exit(1)
+    if not isinstance(wrapper, torch.nn.Module):
+        print(f'PROBLEM: the wrapper {name} gave back a {type(wrapper).__name__}, not a module')
+        sys.exit(1)
+    slot = SLOTS.get(name) or next((k for k, v in wrapper._modules.items() if v is inner), None)
+    if slot is None:
+        print(f'PROBLEM: the wrapper {name} holds the module it wraps in no child of its own')
+        sys.exit(1)
+    kinds.setdefault(type(wrapper), slot)
+    made.append((name, wrapper, slot))
+    return wrapper
+
+
+def translate(model, key):
+    \"\"\"A wrapped key with each wrapper's slot dropped, whether the key spells the slot or the
+    wrapper's state-dict hook left it out; None where the key names nothing in the tree.\"\"\"
+    parts, m, kept, i = key.split('.'), model, [], 0
+    while i < len(parts):
+        slot = kinds.get(type(m))
+        if slot is not None:
+            own = {**m._parameters, **m._buffers}
+            if i + 1 == len(parts) and own.get(parts[i]) is not None:
+                return '.'.join(kept + [parts[i]])  # the wrapper's own state
+            i += parts[i] == slot and i + 1 < len(parts)
+            m = m._modules[slot]
+            continue
+        if i + 1 == len(parts):
+            return '.'.join(kept + [parts[i]])
+        m = m._modules.get(parts[i])
+        if m is None:
+            return None
+        kept.append(parts[i])
+        i += 1
+    return None
+"""
+
+# The structural checks, after the model is wrapped.
+REPRO_CHECKS = """print(model)
+wrapped_keys = list(model.state_dict().keys())
+wrapped_modules = [(p, type(m).__name__, id(m)) for p, m in model.named_modules(remove_duplicate=False)]
+try:
+    unwrapped = unwrap(model)
+except Exception as e:
+    print(f'PROBLEM: unwrapping raised {type(e).__name__}: {e}')
+    sys.exit(1)
+got = unwrapped.state_dict(keep_vars=True)
+problems = []
+if list(got) != list(original):
+    problems.append('keys differ: the unwrapped model has ' + str(list(got)) +
+                    ',\\n  the model had ' + str(list(original)))
+for key, tensor in original.items():
+    if key in got and got[key] is not tensor:
+        problems.append(key + ' is not the model\\'s own tensor after unwrapping')
+    elif key in got and storage(got[key]) != storages[key]:
+        problems.append(key + ' is the model\\'s tensor object, but its values no longer live in '
+                        'the model\\'s storage (storage, offset, shape, stride, dtype '
+                        f'{storage(got[key])} against {storages[key]})')
+after = [(p, type(m).__name__, id(m)) for p, m in model.named_modules(remove_duplicate=False)]
+if list(model.state_dict().keys()) != wrapped_keys:
+    problems.append('unwrapping changed the wrapped model: its keys are now ' +
+                    str(list(model.state_dict().keys())) + ', they were ' + str(wrapped_keys))
+elif after != wrapped_modules:
+    problems.append('unwrapping changed the wrapped model: its modules are now ' +
+                    str([(p, c) for p, c, _ in after]) + ', they were ' +
+                    str([(p, c) for p, c, _ in wrapped_modules]))
+# Each wrapped key, its wrappers' slots dropped, is the model's key for the same tensor.
+declared = set()
+for p, m in model.named_modules(remove_duplicate=False):
+    for name, w, slot in made:
+        if m is w:
+            declared |= {(p + '.' if p else '') + n for n in OWNED.get(name, [])}
+for key, tensor in model.state_dict(keep_vars=True).items():
+    if key in declared:
+        continue
+    clean = translate(model, key)
+    if clean not in original:
+        problems.append(f'keys mapping: the wrapped key {key} translates to {clean}, which the '
+                        'model does not have')
+    elif original[clean] is not tensor:
+        problems.append(f'keys mapping: the wrapped key {key} translates to {clean}, which holds '
+                        'another tensor in the model')
+# What each wrapper holds besides its slot must be declared as its own.
+for name, w, slot in made:
+    items = [(k, 'module') for k, c in w._modules.items() if k != slot and c is not None]
+    items += [(k, 'parameter') for k, t in w._parameters.items() if t is not None]
+    items += [(k, 'buffer' if k not in w._non_persistent_buffers_set else
+               'non-persistent buffer') for k, t in w._buffers.items() if t is not None]
+    for k, what in items:
+        if k not in OWNED.get(name, []):
+            problems.append(f'the wrapper {name} holds a {what} {k!r} of its own that it does not '
+                            f'declare (wrapcert: --owned-state {name}={k})')
+"""
+
+# P4: outputs and gradients, for a batch and a single example.
+REPRO_NUMERICS = """# Across ranks, a parameter a reducing wrapper holds gets the mean (or the sum) of the
+# slices' gradients; everything else is this rank's own.
+how = {}
+for name, w, _ in made:
+    r = REDUCTIONS.get(name) or ('mean' if isinstance(
+        w, torch.nn.parallel.DistributedDataParallel) else None)
+    for t in w.parameters() if r and WORLD > 1 else []:
+        how.setdefault(id(t), set()).add(r)
+for label, n in runs:
+    want = before[label]
+    for name, m in (('wrapped', model), ('unwrapped', unwrapped)):
+        try:
+            after = run(m, batch[2 * RANK:2 * RANK + n])
+        except Exception as e:
+            problems.append(f'the {name} model does not run ({label}): {type(e).__name__}: {e}')
+            continue
+        if after[0].shape != want[0].shape:
+            problems.append(f'the {name} output has shape {list(after[0].shape)} where the '
+                            f'model\\'s has {list(want[0].shape)} ({label})')
+        elif not torch.equal(after[0], want[0]):
+            problems.append(f'the {name} output differs ({label}): {after[0]} against {want[0]}, '
+                            f'largest difference {(after[0] - want[0]).abs().max()}')
+        for key, a in want[1].items():
+            b = after[1].get(key)
+            ways = how.get(id(original[key]), ()) if name == 'wrapped' and key in original else ()
+            if ways and b is not None and summed[label][key] is not None:
+                eps = torch.finfo(b.dtype).eps * 2 * (WORLD + 1)
+                wants = [summed[label][key] / WORLD if w == 'mean' else summed[label][key]
+                         for w in ways]
+                if not any(torch.allclose(b, x, rtol=eps, atol=eps) for x in wants):
+                    said = ' or the '.join(sorted(ways))
+                    problems.append(f'the gradient of {key} in the wrapped run ({label}) is not '
+                                    f'the {said} over the ranks of the gradients of their slices: '
+                                    f'{b} against {wants[0]}, largest difference '
+                                    f'{(b - wants[0]).abs().max()}')
+                continue
+            if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                problems.append(f'the gradient of {key} differs in the {name} run ({label}): '
+                                f'{b} against {a}, largest difference '
+                                f'{None if a is None or b is None else (a - b).abs().max()}')
+"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -755,6 +893,8 @@ def main():
     os.dup2(2, 1)  # what the code under test prints must not reach the reply channel
     sys.stdout = sys.stderr
     sys.setrecursionlimit(10000)
+    # Started (torch imported): from here on a request's time limit runs.
+    replies.write(json.dumps({"ready": True, "torch": torch.__version__}) + "\n")
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -53,8 +53,14 @@ struct Options {
   /// Where wrapcert_worker.py is: empty means $WRAPCERT_PYTHON_DIR, else the copy installed
   /// beside the wrapcert executable (share/wrapcert/python).
   std::string worker_dir;
-  /// Seconds one case may take before the worker is stopped as hung.
+  /// Seconds one case may take before the worker is stopped as hung (from the case's start:
+  /// the interpreter's start has its own limit).
   double timeout_seconds = 120;
+  /// Seconds a worker may take to start (the interpreter up, torch imported).
+  double start_timeout_seconds = 120;
+  /// What a wrapper holds besides its slot, by name (its own persistent or non-persistent
+  /// buffers, parameters, modules): declared state P15 accepts and P8 does not translate.
+  std::map<std::string, std::vector<std::string>> owned_state;
   /// Also run the fixture rows (tiny Gemma and Mistral built in Python).
   bool fixtures = true;
   /// Where to write, for the first property that fails on a generated tree, a standalone
@@ -68,8 +74,11 @@ struct Options {
 struct Stats {
   int structural_cases = 0;  ///< cases without forward and backward (all properties but P4)
   double structural_seconds = 0;
-  int numeric_cases = 0;  ///< P4's cases: also the model, the wrapped and the unwrapped run
+  int numeric_cases = 0;  ///< P4's cases: also the model, the wrapped and the unwrapped run,
+                          ///< for a batch and a single example
   double numeric_seconds = 0;
+  int fixture_cases = 0;  ///< the tiny Gemma and Mistral, built in Python (counted apart)
+  double fixture_seconds = 0;
   int worker_starts = 0;      ///< processes started: one per rank, plus one per rank per fault
   std::string torch_version;  ///< the PyTorch the worker imported
 };

@@ -175,8 +175,68 @@ void Worker::stop(bool abort_first) {
   close_fd(err_);
 }
 
+std::optional<Reply> Worker::await_ready() {
+  const auto limit =
+      std::chrono::milliseconds(static_cast<int64_t>(options_.start_timeout_seconds * 1e3));
+  const auto deadline = Clock::now() + limit;
+  auto fault = [&](Fault f, const std::string& message) {
+    Reply reply;
+    reply.fault = f;
+    reply.message = message;
+    reply.stderr_tail = err_tail_;
+    return reply;
+  };
+  for (;;) {
+    const auto newline = out_buffer_.find('\n');
+    if (newline != std::string::npos) {
+      const auto body = nlohmann::json::parse(out_buffer_.substr(0, newline), nullptr, false);
+      out_buffer_.erase(0, newline + 1);
+      if (body.is_object() && body.value("ready", false)) return std::nullopt;
+      continue;  // whatever it said before it was ready is not a reply
+    }
+    if (interrupted_.exchange(false)) {
+      stop(false);
+      return fault(Fault::kStopped, "the Python worker was stopped: another rank faulted");
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      stop(true);
+      std::ostringstream text;
+      text << "the Python worker did not start within " << options_.start_timeout_seconds
+           << " s (the limit on starting; the time limit of a case runs from its start)";
+      return fault(Fault::kHung, text.str());
+    }
+    pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
+    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 100)));
+    if (ready < 0 && errno != EINTR) break;
+    if (fds[1].revents) {
+      if (!read_some(err_, err_tail_)) close_fd(err_);
+      keep_tail(err_tail_);
+    }
+    if (fds[0].revents && !read_some(out_, out_buffer_) &&
+        out_buffer_.find('\n') == std::string::npos) {
+      break;
+    }
+  }
+  drain_stderr(2000);
+  bool reaped = false;
+  for (int i = 0; i < 200 && !reaped; ++i) {
+    reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+    if (!reaped) ::usleep(10 * 1000);
+  }
+  if (reaped) pid_ = -1;
+  stop(false);  // kills it where it did not end
+  return fault(Fault::kDied, "the Python worker " + how_it_ended(status_) + " before it started");
+}
+
 Reply Worker::call(nlohmann::json request) {
-  if (pid_ < 0) start();
+  if (pid_ < 0) {
+    start();
+    if (options_.start_timeout_seconds > 0) {
+      if (auto failed = await_ready()) return *failed;
+    }
+  }
   const long id = next_id_++;
   request["id"] = id;
   const std::string line = request.dump() + "\n";

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <atomic>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace wrapcert::python {
@@ -22,6 +23,10 @@ struct WorkerOptions {
   double timeout_seconds = 120;  ///< per call; the worker is stopped as hung after it
   /// Variables set for the worker over this process's own (a rank's RANK, WORLD_SIZE, ...).
   std::map<std::string, std::string> environment;
+  /// Above 0: a started worker first announces itself with a line `{"ready": true, ...}` (the
+  /// interpreter up, its imports done), within this many seconds, and a call's own limit runs
+  /// from there; a worker that does not is a fault that says it did not start.
+  double start_timeout_seconds = 0;
 };
 
 enum class Fault {
@@ -67,6 +72,8 @@ class Worker {
 
  private:
   void start();
+  /// Waits for the ready line (see `WorkerOptions::start_timeout_seconds`); a fault if none.
+  std::optional<Reply> await_ready();
   /// Stops the process (SIGABRT first, so Python's faulthandler prints where it was).
   void stop(bool abort_first);
   void drain_stderr(int timeout_ms);
