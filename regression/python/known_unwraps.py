@@ -26,3 +26,16 @@ def copying(model):
     """Unwraps by rebuilding: a deep copy of the root-only result (tensors are copies)."""
     import copy
     return copy.deepcopy(root_only(model))
+
+
+def type_directed_root(model):
+    """Type-directed but not recursive (PyTorch Lightning's and many trainers' shape): peels the
+    known wrapper classes off the root, each through its own slot, and stops there, so wrappers
+    around inner layers stay in the keys."""
+    import torch.nn as nn
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    slots = {nn.DataParallel: "module", nn.parallel.DistributedDataParallel: "module",
+             CheckpointWrapper: "_checkpoint_wrapped_module"}
+    while type(model) in slots:
+        model = getattr(model, slots[type(model)])
+    return model
