@@ -52,6 +52,10 @@ case "$group" in
     grep -q '<testcase classname="torch.nn:DataParallel" name="P4 backward \[tiny-gemma\]"' "$dir/report.xml" || fail "no JUnit report"
     grep -q "reference (Python port)" "$dir/report.md" || fail "no Markdown report"
     certify 0 --wrapper DistributedDataParallel
+    # Not quiet: the console names the models DDP refused, by reason.
+    run 0 certify-python --wrapper DistributedDataParallel --cases 40 --seed 7 --no-fixtures
+    grep -q "^note: [0-9]* of [0-9]* generated models with a wrapper refused ([0-9]* × DistributedDataParallel: RuntimeError: DistributedDataParallel is not needed" "$dir/out.txt" ||
+      { cat "$dir/out.txt"; fail "the console does not list refusals"; }
     certify 0 --wrapper checkpoint_wrapper
     certify 0 --wrapper DataParallel --wrapper checkpoint_wrapper
     # The reentrant checkpoint (torch 1.13's default) gives no gradient to a checkpointed

@@ -447,6 +447,8 @@ wrapcert::certify::Listener console_listener(bool quiet) {
       std::cout << e.reason << (e.key.empty() ? "" : " at '" + e.key + "'") << "\n";
       if (!e.counterexample.empty()) std::cout << e.counterexample << "\n";
       if (!e.replay.empty()) std::cout << "replay: " << e.replay << "\n";
+    } else if (!e.reason.empty()) {
+      std::cout << "note: " << e.reason << "\n";  // a pass with something to say (refusals)
     }
     std::cout << tag << name << " (" << e.cases << " cases, " << static_cast<int>(e.seconds * 1000)
               << " ms)" << std::endl;
@@ -558,6 +560,7 @@ struct CertifyPythonOptions {
   std::vector<std::string> models;      // wrapper=kind
   std::vector<std::string> reductions;  // wrapper=mean|sum
   std::vector<std::string> owned;       // wrapper=name
+  bool no_fixtures = false;
   std::string markdown;
   std::string json;
   std::string junit;
@@ -594,6 +597,7 @@ int run_certify_python(CertifyPythonOptions& o) {
     }
     o.options.owned_state[m.substr(0, eq)].push_back(m.substr(eq + 1));
   }
+  o.options.fixtures = !o.no_fixtures;
   wrapcert::python::Stats stats;
   const auto report =
       wrapcert::python::certify_python(o.options, console_listener(o.quiet), &stats);
@@ -814,6 +818,8 @@ int main(int argc, char** argv) {
       ->add_option("--start-timeout", py.options.start_timeout_seconds,
                    "seconds a worker may take to start (the interpreter, importing torch)")
       ->check(CLI::Range(0.1, 86400.0));
+  py_cmd->add_flag("--no-fixtures", py.no_fixtures,
+                   "leave out the fixture rows (the tiny Gemma and Mistral built in Python)");
   py_cmd->add_option("--repro", py.options.repro,
                      "write a standalone Python script reproducing the first failure here");
   py_cmd->add_option("--markdown", py.markdown, "write a Markdown report");
