@@ -47,7 +47,11 @@ for w in "${wrappers[@]}"; do
     args=(certify-python --seed 7 --cases 25 --quiet --json "$work/$n.json")
     stack=${w%@*}
     IFS=+ read -r -a names <<< "$stack"
-    for name in "${names[@]}"; do args+=(--wrapper "$name"); done
+    for name in "${names[@]}"; do
+      args+=(--wrapper "$name")
+      # torch's data-parallel wrappers promise `.module` is the module they wrap (P16).
+      case "$name" in DataParallel | DistributedDataParallel) args+=(--alias "$name=module") ;; esac
+    done
     [ "$stack" != "$w" ] && args+=(--world-size "${w#*@}")
     [ -n "$u" ] && args+=(--unwrap "$u")
     code=0

@@ -76,6 +76,17 @@ case "$group" in
     expect failed "duck-typed recursive unwrap" P1 P5 P9
     certify 1 --wrapper DataParallel --unwrap known_unwraps:copying
     expect failed "copying unwrap" P2
+    # Permanent unwraps (P14): one that takes the wrappers out; a copy and a root-only one fail.
+    certify 0 --wrapper DataParallel --wrapper checkpoint_wrapper --release releases:release
+    expect passed "a release that takes every wrapper out" P14
+    certify 1 --wrapper DataParallel --release releases:release_copy --repro "$dir/release.py"
+    expect failed "a release of a copy" P14
+    /usr/bin/python3 "$dir/release.py" > "$dir/release.txt" 2>&1
+    [ $? -eq 1 ] && grep -q "^PROBLEM: .* is not the model's own tensor after release" "$dir/release.txt" ||
+      { cat "$dir/release.txt"; fail "the release repro does not reproduce"; }
+    grep -q "not the model's own tensor after release" "$dir/report.json" || fail "release_copy's reason"
+    certify 1 --wrapper DataParallel --release releases:release_root
+    expect failed "a release of the root only" P14
     echo "known unwraps: rejected, with a repro"
     ;;
   wrappers)
@@ -131,6 +142,12 @@ case "$group" in
     certify 1 --wrapper wrappers_under_test:ExtraState --owned-state wrappers_under_test:ExtraState=steps
     expect passed "ExtraState, declared" P8
     grep -q "the ExtraState's own 'steps' and its slot's 'inner.steps' translate to one key" "$dir/report.json" || fail "stacked own state"
+    # Aliases (P16): DDP's `.module` is its slot; WrongAlias's reaches the wrapper itself.
+    certify 0 --wrapper DistributedDataParallel --alias DistributedDataParallel=module
+    expect passed "DDP's alias" P16
+    contract WrongAlias P16 "the wrapper wrappers_under_test:WrongAlias's alias 'module' does not reach" \
+      --alias wrappers_under_test:WrongAlias=module
+    grep -q "alias 'module' reaches a WrongAlias, not the module in its slot 'inner'" "$dir/report.json" || fail "WrongAlias' reason"
     # Correct ones: a forward pre-hook of its own; the module also kept in a plain list.
     certify 0 --wrapper wrappers_under_test:PreHooked
     certify 0 --wrapper wrappers_under_test:ListedBeside

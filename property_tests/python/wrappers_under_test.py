@@ -264,3 +264,12 @@ class HangsRank1(Sound):
 def not_a_module(module):
     """Gives back something that is not a module: a broken contract, named as such."""
     return {"wrapped": module}
+
+
+class WrongAlias(Sound):
+    """Declares `module` as an alias of its slot, but it reaches the wrapper itself (P16):
+    duck-typed unwraps that follow `.module` loop or unwrap to the wrong module."""
+
+    @property
+    def module(self):
+        return self

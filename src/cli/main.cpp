@@ -560,6 +560,7 @@ struct CertifyPythonOptions {
   std::vector<std::string> models;      // wrapper=kind
   std::vector<std::string> reductions;  // wrapper=mean|sum
   std::vector<std::string> owned;       // wrapper=name
+  std::vector<std::string> aliases;     // wrapper=name
   bool no_fixtures = false;
   std::string markdown;
   std::string json;
@@ -596,6 +597,13 @@ int run_certify_python(CertifyPythonOptions& o) {
       throw CLI::ValidationError("--owned-state", "'" + m + "' is not WRAPPER=NAME");
     }
     o.options.owned_state[m.substr(0, eq)].push_back(m.substr(eq + 1));
+  }
+  for (const auto& m : o.aliases) {
+    const auto eq = m.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
+      throw CLI::ValidationError("--alias", "'" + m + "' is not WRAPPER=NAME");
+    }
+    o.options.aliases[m.substr(0, eq)].push_back(m.substr(eq + 1));
   }
   o.options.fixtures = !o.no_fixtures;
   wrapcert::python::Stats stats;
@@ -794,6 +802,12 @@ int main(int argc, char** argv) {
   py_cmd->add_option("--reduction", py.reductions,
                      "WRAPPER=mean|sum: how a wrapper reduces gradients across ranks (P4 at "
                      "--world-size above 1; DistributedDataParallel: mean); repeatable");
+  py_cmd->add_option("--alias", py.aliases,
+                     "WRAPPER=NAME: an attribute of the wrapper that must reach the very module "
+                     "in its slot (P16); repeatable");
+  py_cmd->add_option("--release", py.options.release,
+                     "a permanent unwrap to certify (package.module:callable, wrapped model -> "
+                     "model; P14); default: P14 skipped");
   py_cmd->add_option("--owned-state", py.owned,
                      "WRAPPER=NAME: a tensor or module a wrapper holds besides its slot, "
                      "declared as its own (P15; P8 does not translate it); repeatable");

@@ -500,6 +500,7 @@ def observe(req, make, wraps, batch):
     try:
         wrappers = resolve_wrappers(names)
         unwrap_fn = subject(req.get("unwrap"))
+        release_fn = subject(req.get("release"))
     except Exception as e:
         raise Failure("import", "", f"{type(e).__name__}: {e}")
     seed = int(req.get("seed", 0))
@@ -570,10 +571,21 @@ def observe(req, make, wraps, batch):
                   for k, t in w._buffers.items() if t is not None]
         return items
 
+    aliases = req.get("aliases") or {}
+
+    def reaches(w, slot, name):
+        """[alias, it is the module in the slot, the class of what it reaches (None: nothing)]"""
+        try:
+            got = getattr(w, name)
+        except Exception:
+            return [name, False, None]
+        return [name, got is w._modules.get(slot), type(got).__name__]
+
     result["wrappers"] = [[n, type(w).__name__, s, p,
                            sorted({tensors.id(t) for t in w.parameters()}),
                            "mean" if isinstance(w, nn.parallel.DistributedDataParallel) else None,
-                           own(w, s), where.get(id(w))]
+                           own(w, s), where.get(id(w)),
+                           [reaches(w, s, a) for a in aliases.get(n, [])]]
                           for n, w, s, p in made]
     result["wrapped"] = state(wrapped, tensors)
     result["wrapped_modules"] = modules(wrapped, objects)
@@ -624,6 +636,19 @@ def observe(req, make, wraps, batch):
         finally:
             for _, handle in counters:
                 handle.remove()
+    if release_fn is not None:
+        # A permanent unwrap (P14): last, since it may take the wrappers apart.
+        try:
+            released = release_fn(wrapped)
+            if not isinstance(released, nn.Module):
+                raise TypeError(f"gave back a {type(released).__name__}, not a torch.nn.Module")
+            result["released"] = state(released, tensors)
+            result["released_wrappers"] = [
+                p for p, m in released.named_modules(remove_duplicate=False) if type(m) in kinds]
+            if x is not None:
+                result["run_released"] = run(released, x, probe, tensors)
+        except Exception as e:
+            result["release_error"] = f"{type(e).__name__}: {e}"
     result["tensors"] = tensors.table
     return result
 
@@ -685,7 +710,13 @@ def repro(req):
         port = UNWRAP_PORT.rstrip().replace("def unwrap(model, kinds):",
                                             "def unwrap_port(model, kinds):")
         out += ["", "# wrapcert's reference unwrap (Python port)", port, ""]
-    out += [f"SLOTS = {dict(req.get('slots') or {})!r}  # given with --slot",
+    release_name = req.get("release")
+    if release_name:
+        module_name, _, attr = release_name.partition(":")
+        out.append(f"from {module_name} import {attr.split('.')[0]} as release_root")
+        out.append("release = release_root" + "".join("." + a for a in attr.split(".")[1:]))
+    out += [f"ALIASES = {dict(req.get('aliases') or {})!r}  # declared with --alias",
+            f"SLOTS = {dict(req.get('slots') or {})!r}  # given with --slot",
             f"OWNED = {dict(req.get('owned_state') or {})!r}  # declared with --owned-state",
             "", ""]
     out += REPRO_HELPERS.splitlines()
@@ -713,6 +744,8 @@ def repro(req):
     out += REPRO_CHECKS.splitlines()
     if req.get("numerics"):
         out += REPRO_NUMERICS.splitlines()
+    if release_name:
+        out += REPRO_RELEASE.splitlines()
     out += ["for p in problems:", "    print(f'PROBLEM (rank {RANK}):' if WORLD > 1 else 'PROBLEM:', p)",
             "sys.exit(1 if problems else 0)", ""]
     return "\n".join(out)
@@ -828,6 +861,12 @@ for key, tensor in model.state_dict(keep_vars=True).items():
     elif original[clean] is not tensor:
         problems.append(f'keys mapping: the wrapped key {key} translates to {clean}, which holds '
                         'another tensor in the model')
+# Each declared alias reaches the very module in the wrapper's slot.
+for name, w, slot in made:
+    for a in ALIASES.get(name, []):
+        if getattr(w, a, None) is not w._modules.get(slot):
+            problems.append(f'the wrapper {name}\\'s alias {a!r} does not reach the module in '
+                            f'its slot {slot!r}')
 # What each wrapper holds besides its slot must be declared as its own.
 for name, w, slot in made:
     items = [(k, 'module') for k, c in w._modules.items() if k != slot and c is not None]
@@ -838,6 +877,38 @@ for name, w, slot in made:
         if k not in OWNED.get(name, []):
             problems.append(f'the wrapper {name} holds a {what} {k!r} of its own that it does not '
                             f'declare (wrapcert: --owned-state {name}={k})')
+"""
+
+# P14: the permanent unwrap, last (it may take the wrappers apart).
+REPRO_RELEASE = """try:
+    released = release(model)
+except Exception as e:
+    released = None
+    problems.append(f'the release raised {type(e).__name__}: {e}')
+if released is not None:
+    kept = released.state_dict(keep_vars=True)
+    if list(kept) != list(original):
+        problems.append('the released model has keys ' + str(list(kept)) + ', the model had ' +
+                        str(list(original)))
+    for key, tensor in original.items():
+        if key in kept and (kept[key] is not tensor or storage(kept[key]) != storages[key]):
+            problems.append(key + ' is not the model\\'s own tensor after release')
+    for p, m in released.named_modules(remove_duplicate=False):
+        if type(m) in kinds:
+            problems.append(f'a {type(m).__name__} is still at {p!r} after release')
+    for label, n in runs if 'before' in globals() else []:
+        try:
+            after = run(released, batch[2 * RANK:2 * RANK + n])
+        except Exception as e:
+            problems.append(f'the released model does not run ({label}): {e}')
+            continue
+        if after[0].shape != before[label][0].shape or not torch.equal(after[0],
+                                                                        before[label][0]):
+            problems.append(f'the released model\\'s output differs ({label})')
+        for key, a in before[label][1].items():
+            b = after[1].get(key)
+            if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                problems.append(f'the gradient of {key} differs in the released run ({label})')
 """
 
 # P4: outputs and gradients, for a batch and a single example.
@@ -924,6 +995,12 @@ def main():
                     except Exception as e:
                         raise Failure("import", req["unwrap"], f"the unwrap subject "
                                       f"'{req['unwrap']}' does not import: {type(e).__name__}: {e}")
+                if req.get("release"):
+                    try:
+                        subject(req["release"])
+                    except Exception as e:
+                        raise Failure("import", req["release"], f"the release function "
+                                      f"'{req['release']}' does not import: {type(e).__name__}: {e}")
                 reply = {"ok": True, "torch": torch.__version__}
             elif op == "case":
                 reply = {"ok": True, "case": run_case(req)}

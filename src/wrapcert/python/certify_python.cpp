@@ -827,6 +827,48 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return pass(p);
                  }});
   out.push_back(
+      {"P14 release", true, plain,
+       [release = options.release](const gen::TreeSpec&, const Observed& o) {
+         const std::string p = "P14 release";
+         if (auto f = common_failure(p, o, release)) return *f;
+         const auto& d = o.data();
+         if (d.contains("release_error")) {
+           return fail(
+               p, "the release " + release + " raised " + d["release_error"].get<std::string>());
+         }
+         const auto model = keys_of(d.at("original"));
+         const auto released = keys_of(d.at("released"));
+         auto v = same_keys(p, released, model, "the released model");
+         if (!v.passed) return v;
+         for (size_t i = 0; i < model.size(); ++i) {
+           if (released[i].second != model[i].second) {
+             return fail(p, "not the model's own tensor after release", model[i].first);
+           }
+         }
+         if (!d.at("released_wrappers").empty()) {
+           const auto path = d.at("released_wrappers")[0].get<std::string>();
+           return fail(p, "a wrapper is still on the path after release", path);
+         }
+         if (!d.contains("run_released")) return pass(p);
+         for (const bool single : {false, true}) {
+           const auto& m = single ? d.at("run_original").at("single") : d.at("run_original");
+           const auto& r = single ? d.at("run_released").at("single") : d.at("run_released");
+           const std::string batch = single ? " (a single example)" : " (a batch)";
+           if (r.value("shape", json()) != m.value("shape", json()) ||
+               !differs(r.at("output"), m.at("output"), 0).empty()) {
+             return fail(p, "the released model's output differs from the model's" + batch);
+           }
+           for (const auto& [t, g] : m.at("grads").items()) {
+             if (!r.at("grads").contains(t) || !differs(r.at("grads")[t], g, 0).empty()) {
+               return fail(p, "the released model's gradient differs from the model's" + batch,
+                           key_of(model, t));
+             }
+           }
+         }
+         return pass(p);
+       }});
+  if (options.release.empty()) out.back().skip = "no release function given (--release)";
+  out.push_back(
       {"P15 owned state", false, plain, [subject, owned](const gen::TreeSpec&, const Observed& o) {
          const std::string p = "P15 owned state";
          if (auto f = common_failure(p, o, subject)) return *f;
@@ -873,6 +915,28 @@ std::vector<PythonProperty> python_properties(const Options& options) {
          }
          return pass(p);
        }});
+  out.push_back({"P16 aliases", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+                   const std::string p = "P16 aliases";
+                   if (auto f = common_failure(p, o, subject)) return *f;
+                   for (const auto& w : o.data().at("wrappers")) {
+                     if (w.size() < 9) continue;
+                     const auto at =
+                         w[7].is_string() ? w[7].get<std::string>() : w[3].get<std::string>();
+                     for (const auto& a : w[8]) {
+                       if (a[1].get<bool>()) continue;
+                       const auto alias = a[0].get<std::string>();
+                       return fail(p,
+                                   "the " + w[1].get<std::string>() + "'s alias '" + alias + "' " +
+                                       (a[2].is_null() ? std::string("reaches nothing")
+                                                       : "reaches a " + a[2].get<std::string>() +
+                                                             ", not the module in its slot '" +
+                                                             w[2].get<std::string>() + "'"),
+                                   at.empty() ? alias : at + "." + alias);
+                     }
+                   }
+                   return pass(p);
+                 }});
+  if (options.aliases.empty()) out.back().skip = "no alias declared (--alias)";
   return out;
 }
 
@@ -916,8 +980,10 @@ class Runner {
   /// Starts the workers (each rank joining the others) and checks every wrapper and the
   /// subject import.
   void start() {
-    const auto o =
-        exchange({{"op", "resolve"}, {"wrappers", options_.wrappers}, {"unwrap", options_.unwrap}});
+    const auto o = exchange({{"op", "resolve"},
+                             {"wrappers", options_.wrappers},
+                             {"unwrap", options_.unwrap},
+                             {"release", options_.release}});
     if (o.reply.fault != Fault::kNone) {
       throw Error(
           ErrorCode::kInvalidArgument, "",
@@ -935,6 +1001,8 @@ class Runner {
     return call({{"op", "case"},
                  {"spec", to_json(spec)},
                  {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
+                 {"release", options_.release.empty() ? json() : json(options_.release)},
+                 {"aliases", options_.aliases},
                  {"slots", options_.slots},
                  {"seed", seed},
                  {"numerics", numerics}});
@@ -959,6 +1027,8 @@ class Runner {
                  {"config", config},
                  {"wrappers", options_.wrappers},
                  {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
+                 {"release", options_.release.empty() ? json() : json(options_.release)},
+                 {"aliases", options_.aliases},
                  {"slots", options_.slots},
                  {"seed", seed},
                  {"numerics", numerics}});
@@ -973,7 +1043,9 @@ class Runner {
             {"numerics", numerics},
             {"world_size", options_.world_size},
             {"reductions", options_.reductions},
-            {"owned_state", options_.owned_state}};
+            {"owned_state", options_.owned_state},
+            {"aliases", options_.aliases},
+            {"release", options_.release.empty() ? json() : json(options_.release)}};
   }
   /// Rank 0's worker (a repro script is written by one rank alone: it runs no collective).
   Worker& worker() { return *workers_.front(); }
@@ -1219,6 +1291,10 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
   if (const char* path = std::getenv("PYTHONPATH"); path && *path) {
     replay = "PYTHONPATH=" + shell_quote(path) + " " + replay;
   }
+  for (const auto& [w, names] : options.aliases) {
+    for (const auto& n : names) replay += " --alias " + shell_quote(w + "=" + n);
+  }
+  if (!options.release.empty()) replay += " --release " + shell_quote(options.release);
   for (const auto& [w, names] : options.owned_state) {
     for (const auto& n : names) replay += " --owned-state " + shell_quote(w + "=" + n);
   }
@@ -1355,7 +1431,10 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
       const auto config = fixtures::config_named(name);
       for (const auto& property : python_properties(options)) {
         // P9 runs on trees without wrappers; the layout row checks the fixture against C++.
-        if (property.name == "P9 no false positives" || property.name == "C++ agreement") continue;
+        if (property.name == "P9 no false positives" || property.name == "C++ agreement" ||
+            !property.skip.empty()) {
+          continue;
+        }
         Entry entry;
         entry.kind = kind;
         entry.property = property.name;

@@ -61,6 +61,13 @@ struct Options {
   /// What a wrapper holds besides its slot, by name (its own persistent or non-persistent
   /// buffers, parameters, modules): declared state P15 accepts and P8 does not translate.
   std::map<std::string, std::vector<std::string>> owned_state;
+  /// Attributes of a wrapper that must reach the very module in its slot (P16), by name
+  /// (`DistributedDataParallel.module`).
+  std::map<std::string, std::vector<std::string>> aliases;
+  /// A permanent unwrap (`package.module:callable`, wrapped model -> model) certified by P14:
+  /// the model itself back, its own tensors, no wrapper left, the same outputs and gradients.
+  /// Empty: P14 is skipped.
+  std::string release;
   /// Also run the fixture rows (tiny Gemma and Mistral built in Python).
   bool fixtures = true;
   /// Where to write, for the first property that fails on a generated tree, a standalone
