@@ -77,9 +77,11 @@ Step step(const ModulePtr& run, const StateDict& params, const torch::Tensor& in
 /// else within it (relative and absolute).
 bool close(const torch::Tensor& a, const torch::Tensor& b, double tolerance);
 /// Whether two gradient lists agree (`close`, and defined alike); `where` is the first index
-/// where they do not.
+/// where they do not. `order_tolerance` (0: none) also accepts gradients within that fraction
+/// of the larger of 1 and the expected gradient's largest magnitude: sums of the same
+/// contributions added in another order (shared modules, tied weights).
 bool same_grads(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
-                double tolerance, size_t& where);
+                double tolerance, size_t& where, double order_tolerance = 0.0);
 
 /// Keys grouped by the tensor they share: every group of two or more keys (what P3 compares).
 std::set<std::vector<std::string>> tie_groups(const StateDict& state);
