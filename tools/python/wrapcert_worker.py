@@ -989,18 +989,13 @@ def main():
                     except Exception as e:
                         raise Failure("import", name, f"the wrapper '{name}' does not import: "
                                       f"{type(e).__name__}: {e}")
-                if req.get("unwrap"):
-                    try:
-                        subject(req["unwrap"])
-                    except Exception as e:
-                        raise Failure("import", req["unwrap"], f"the unwrap subject "
-                                      f"'{req['unwrap']}' does not import: {type(e).__name__}: {e}")
-                if req.get("release"):
-                    try:
-                        subject(req["release"])
-                    except Exception as e:
-                        raise Failure("import", req["release"], f"the release function "
-                                      f"'{req['release']}' does not import: {type(e).__name__}: {e}")
+                for field, what in (("unwrap", "unwrap subject"), ("release", "release function")):
+                    if req.get(field):
+                        try:
+                            subject(req[field])
+                        except Exception as e:
+                            raise Failure("import", req[field], f"the {what} '{req[field]}' does "
+                                          f"not import: {type(e).__name__}: {e}")
                 reply = {"ok": True, "torch": torch.__version__}
             elif op == "case":
                 reply = {"ok": True, "case": run_case(req)}

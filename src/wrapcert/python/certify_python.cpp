@@ -341,13 +341,6 @@ class Translation {
   std::map<std::string, Node> nodes_;
 };
 
-/// How wrappers declared to reduce their parameters' gradients across ranks do it; a wrapper
-/// not declared reduces as its class promises (the worker says: DistributedDataParallel and its
-/// subclasses average), else not at all.
-std::map<std::string, std::string> reductions_of(const Options& options) {
-  return options.reductions;
-}
-
 /// The machine epsilon of a dtype as the worker names it.
 double epsilon_of(const std::string& dtype) {
   if (dtype == "float32") return 0x1p-23;
@@ -649,7 +642,8 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return pass("P3 ties");
                  }});
   const double tolerance = options.tolerance;
-  const auto reductions = reductions_of(options);
+  // Declared reductions; an undeclared wrapper reduces as its class promises (the worker says).
+  const auto reductions = options.reductions;
   out.push_back(
       {"P4 backward", true, plain,
        [subject, tolerance, reductions](const gen::TreeSpec&, const Observed& o) -> Verdict {
