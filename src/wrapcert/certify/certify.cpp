@@ -701,7 +701,7 @@ Report run(const Options& options, const Listener& listener) {
       options.custom_translator ? options.custom_translator : props::reference_translator();
   const auto& o = report.options;
   // rapidcheck reads RC_PARAMS (and says so) once per process: here, not in every child.
-  (void)rc::detail::configuration();
+  detail::announce_configuration(o.seed);
   auto run = [&](const Entry& blank, const std::function<Entry()>& check) {
     if (listener) listener(blank, false);
     Entry entry = o.isolate ? run_isolated(blank, o, check) : check();

@@ -1276,10 +1276,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
   }
   Runner runner(options);
   runner.start();
-  // rapidcheck prints its configuration once; without RC_PARAMS it would name a seed of its
-  // own, which this run does not use: it is given the run's seed.
-  ::setenv("RC_PARAMS", ("seed=" + std::to_string(seed)).c_str(), /*overwrite=*/0);
-  (void)rc::detail::configuration();
+  detail::announce_configuration(seed);
   const std::string kind = joined(options.wrappers);
   std::string replay = "wrapcert certify-python";
   if (const char* path = std::getenv("PYTHONPATH"); path && *path) {
