@@ -31,6 +31,7 @@ function(wrapcert_discover_suites target)
        "  include(\"${suites_file}\")\n"
        "else()\n"
        "  add_test(${target}_NOT_BUILT ${target}_NOT_BUILT)\n"
+       "  set_tests_properties(${target}_NOT_BUILT PROPERTIES LABELS \"${arg_LABELS}\")\n"
        "endif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${base}_include.cmake")
 endfunction()
