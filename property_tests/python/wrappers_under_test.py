@@ -197,13 +197,10 @@ class ListedBeside(Sound):
 def _group():
     """torch.distributed's default group: the ranks' one under --world-size N, else a group of
     this process alone."""
-    import os
-    import tempfile
     import torch.distributed as dist
     if not dist.is_initialized():
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="wrappers-under-test-"),
-                                            "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        # A store in this process's memory: nothing left behind on disk.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist
 
 
