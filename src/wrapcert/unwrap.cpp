@@ -187,8 +187,10 @@ ModulePtr release_wrappers(const ModulePtr& root, const Registry& registry) {
   return new_root;
 }
 
-ScopedUnwrap::ScopedUnwrap(const ModulePtr& root, const Registry& registry) {
-  const ModuleView view = unwrap_reference(root, registry);
+ScopedUnwrap::ScopedUnwrap(const ModulePtr& root, const Registry& registry)
+    : ScopedUnwrap(unwrap_reference(root, registry)) {}
+
+ScopedUnwrap::ScopedUnwrap(const ModuleView& view) {
   root_ = view.root().module;
   try {
     for (size_t i = 0; i < view.size(); ++i) {

@@ -78,6 +78,9 @@ ModulePtr release_wrappers(const ModulePtr& root, const Registry& registry = Reg
 class ScopedUnwrap {
  public:
   explicit ScopedUnwrap(const ModulePtr& root, const Registry& registry = Registry::global());
+  /// The same from a view `unwrap_reference` gave of the model as it is now (the tree unchanged
+  /// since): the view is read, not built again.
+  explicit ScopedUnwrap(const ModuleView& view);
   ~ScopedUnwrap();
   ScopedUnwrap(const ScopedUnwrap&) = delete;
   ScopedUnwrap& operator=(const ScopedUnwrap&) = delete;

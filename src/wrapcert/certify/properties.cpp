@@ -255,8 +255,9 @@ UnwrapSubject subject(BuiltinUnwrap s) {
   switch (s) {
     case BuiltinUnwrap::kReference:
       return [](const ModulePtr& wrapped) {
-        auto state = unwrap_reference(wrapped).state_dict();
-        auto scope = std::make_shared<ScopedUnwrap>(wrapped);
+        const auto view = unwrap_reference(wrapped);  // built once: for the keys and the rewiring
+        auto state = view.state_dict();
+        auto scope = std::make_shared<ScopedUnwrap>(view);
         return Unwrapped{scope->root(), std::move(state), scope};
       };
     case BuiltinUnwrap::kLegacy:

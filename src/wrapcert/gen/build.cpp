@@ -97,10 +97,11 @@ torch::Tensor down(const torch::Tensor& t, bool upcast) {
 /// runs on, and gradients reach its flat parameter. They print as PyTorch's modules.
 class LinearLeafImpl : public Layer {
  public:
-  LinearLeafImpl(int64_t dim, bool bias) : dim_(dim), bias_(bias) {
+  LinearLeafImpl(int64_t dim, bool bias, const torch::TensorOptions& options)
+      : dim_(dim), bias_(bias) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(dim));
-    register_parameter("weight", torch::empty({dim, dim}).uniform_(-bound, bound));
-    if (bias) register_parameter("bias", torch::empty({dim}).uniform_(-bound, bound));
+    register_parameter("weight", torch::empty({dim, dim}, options).uniform_(-bound, bound));
+    if (bias) register_parameter("bias", torch::empty({dim}, options).uniform_(-bound, bound));
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     const auto w = parameter("weight");
@@ -120,8 +121,8 @@ class LinearLeafImpl : public Layer {
 
 class EmbeddingLeafImpl : public Layer {
  public:
-  explicit EmbeddingLeafImpl(int64_t dim) : dim_(dim) {
-    register_parameter("weight", torch::randn({dim, dim}));
+  EmbeddingLeafImpl(int64_t dim, const torch::TensorOptions& options) : dim_(dim) {
+    register_parameter("weight", torch::randn({dim, dim}, options));
   }
   torch::Tensor forward(const torch::Tensor& ids) override {
     return at::embedding(parameter("weight"), ids);
@@ -137,9 +138,9 @@ class EmbeddingLeafImpl : public Layer {
 
 class LayerNormLeafImpl : public Layer {
  public:
-  explicit LayerNormLeafImpl(int64_t dim) : dim_(dim) {
-    register_parameter("weight", torch::ones({dim}));
-    register_parameter("bias", torch::zeros({dim}));
+  LayerNormLeafImpl(int64_t dim, const torch::TensorOptions& options) : dim_(dim) {
+    register_parameter("weight", torch::ones({dim}, options));
+    register_parameter("bias", torch::zeros({dim}, options));
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     const auto w = parameter("weight");
@@ -157,7 +158,9 @@ class LayerNormLeafImpl : public Layer {
 
 class RMSNormImpl : public Layer {
  public:
-  explicit RMSNormImpl(int64_t dim) { register_parameter("weight", torch::ones({dim})); }
+  RMSNormImpl(int64_t dim, const torch::TensorOptions& options) {
+    register_parameter("weight", torch::ones({dim}, options));
+  }
   torch::Tensor forward(const torch::Tensor& x) override {
     const auto w = parameter("weight");
     const bool u = computes_upcast(w);
@@ -169,9 +172,9 @@ class RMSNormImpl : public Layer {
 
 class ScaleWithBufferImpl : public Layer {
  public:
-  explicit ScaleWithBufferImpl(int64_t dim) {
-    register_parameter("scale", torch::rand({dim}) + 0.5);
-    register_buffer("running", torch::randn({dim}));
+  ScaleWithBufferImpl(int64_t dim, const torch::TensorOptions& options) {
+    register_parameter("scale", torch::rand({dim}, options) + 0.5);
+    register_buffer("running", torch::randn({dim}, options));
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     return x * parameter("scale") + named_buffers(/*recurse=*/false)["running"];
@@ -182,6 +185,7 @@ class ScaleWithBufferImpl : public Layer {
 struct Builder {
   const TreeSpec& spec;
   int64_t dim;
+  torch::TensorOptions options;  // what parameters and buffers are made in
   struct Done {
     ModulePtr module;
     bool ids;
@@ -196,20 +200,20 @@ struct Builder {
     switch (n.leaf) {
       case Leaf::kLinear:
       case Leaf::kLinearNoBias:
-        m = std::make_shared<LinearLeafImpl>(dim, n.leaf == Leaf::kLinear);
+        m = std::make_shared<LinearLeafImpl>(dim, n.leaf == Leaf::kLinear, options);
         break;
       case Leaf::kEmbedding:
-        m = std::make_shared<EmbeddingLeafImpl>(dim);
+        m = std::make_shared<EmbeddingLeafImpl>(dim, options);
         ids = true;
         break;
       case Leaf::kLayerNorm:
-        m = std::make_shared<LayerNormLeafImpl>(dim);
+        m = std::make_shared<LayerNormLeafImpl>(dim, options);
         break;
       case Leaf::kRMSNorm:
-        m = std::make_shared<RMSNormImpl>(dim);
+        m = std::make_shared<RMSNormImpl>(dim, options);
         break;
       case Leaf::kBuffered:
-        m = std::make_shared<ScaleWithBufferImpl>(dim);
+        m = std::make_shared<ScaleWithBufferImpl>(dim, options);
         break;
     }
     const bool tieable =
@@ -370,11 +374,16 @@ ModulePtr make_wrapper(const KindRef& kind, ModulePtr inner) {
 
 Built build(const TreeSpec& spec, const BuildOptions& options) {
   torch::manual_seed(options.seed);
-  Builder builder{spec, spec.dim, {}, {}, {}, {}};
+  // Parameters are made in the case's dtype (no conversion pass over the tree), except in the
+  // half-precision ones, where they are drawn in float32 and rounded, as PyTorch's models are
+  // made and then cast with `.half()` or `.bfloat16()`.
+  const auto dtype = options.dtype.value_or(scalar_type(spec.dtype));
+  const auto made_in = dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
+  Builder builder{spec, spec.dim, torch::TensorOptions().dtype(made_in), {}, {}, {}, {}};
   auto root = builder.container(spec.root, "", false);
   if (!root) root = std::make_shared<BlockImpl>(spec.dim);
   builder.wraps.emplace_back("", spec.root.wrappers);
-  root->to(options.dtype.value_or(scalar_type(spec.dtype)));
+  if (dtype != made_in) root->to(dtype);
   if (spec.eval) root->eval();
 
   Built built;
