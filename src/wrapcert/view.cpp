@@ -56,6 +56,20 @@ class TextArena {
 /// Room the module index starts with: a decoder model of a few hundred modules never rehashes.
 constexpr size_t kIndexStart = 512;
 
+/// The sizes of the last view built on this thread. A model is viewed again and again (a save
+/// loop, certification's cases, a benchmark), so the next view's arrays and index start at
+/// those sizes: growing them (copies, rehashes, fresh pages) was half of a 10,000-module walk.
+/// After a smaller model the next walk starts smaller again.
+struct LastSizes {
+  size_t nodes = kIndexStart;
+  size_t edges = kIndexStart;
+  size_t slots = 0;
+};
+thread_local LastSizes last_sizes;
+/// A hint is not a limit: the index never starts at more than this (a million-module view
+/// followed by small ones would clear a large table every time).
+constexpr size_t kMostHinted = size_t{1} << 18;
+
 /// The wrappers seen through on the current path (they are no nodes), in path order, each with
 /// the depth of the frame it leads to. Most paths cross a few, searched in a short array; a long
 /// chain's are indexed as well, so that a 100,000-deep chain stays linear.
@@ -129,8 +143,16 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   // Every module viewed -> its node; a node's frame depth while it is on the current path.
   ska::flat_hash_map<const torch::nn::Module*, size_t> index;
   // Growing from nothing rehashes it at every doubling; a model's few hundred modules fit.
-  index.reserve(kIndexStart);
+  const size_t nodes_hint = std::min(std::max(last_sizes.nodes, kIndexStart), kMostHinted);
+  const size_t edges_hint = std::min(last_sizes.edges, kMostHinted);
+  index.reserve(nodes_hint);
   std::vector<size_t> depth_of;
+  depth_of.reserve(nodes_hint);
+  view.nodes_.reserve(nodes_hint);
+  edges_of.reserve(nodes_hint);
+  slots_of.reserve(edges_hint);
+  edges.reserve(edges_hint);
+  slots.reserve(std::min(last_sizes.slots, kMostHinted));
   WrappersOnPath wrappers_on_path;
 
   // Paths are spelled out only for error messages: building one per node would make a deep
@@ -234,6 +256,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
         c10::ArrayRef<Edge>(edges).slice(edges_of[n].first, edges_of[n].count);
   }
   view.root_via_ = all_slots.slice(root_slots.first, root_slots.count);
+  last_sizes = {view.nodes_.size(), edges.size(), slots.size()};
   view.storage_ = std::move(storage);
   return view;
 }
