@@ -568,20 +568,25 @@ struct CertifyPythonOptions {
   bool quiet = false;
 };
 
+/// `WRAPPER=VALUE` as an option gives it, both sides non-empty; else a usage error naming the
+/// option and the form (`what` names VALUE).
+std::pair<std::string, std::string> wrapper_pair(const std::string& text, const char* option,
+                                                 const char* what) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) {
+    throw CLI::ValidationError(option, "'" + text + "' is not WRAPPER=" + what);
+  }
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
 int run_certify_python(CertifyPythonOptions& o) {
   for (const auto& s : o.slots) {
-    const auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
-      throw CLI::ValidationError("--slot", "'" + s + "' is not WRAPPER=SLOT");
-    }
-    o.options.slots[s.substr(0, eq)] = s.substr(eq + 1);
+    auto [wrapper, slot] = wrapper_pair(s, "--slot", "SLOT");
+    o.options.slots[wrapper] = slot;
   }
   for (const auto& m : o.models) {
-    const auto eq = m.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
-      throw CLI::ValidationError("--models", "'" + m + "' is not WRAPPER=KIND");
-    }
-    o.options.models[m.substr(0, eq)] = m.substr(eq + 1);
+    auto [wrapper, kind] = wrapper_pair(m, "--models", "KIND");
+    o.options.models[wrapper] = kind;
   }
   for (const auto& m : o.reductions) {
     const auto eq = m.find('=');
@@ -592,18 +597,12 @@ int run_certify_python(CertifyPythonOptions& o) {
     o.options.reductions[m.substr(0, eq)] = how;
   }
   for (const auto& m : o.owned) {
-    const auto eq = m.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
-      throw CLI::ValidationError("--owned-state", "'" + m + "' is not WRAPPER=NAME");
-    }
-    o.options.owned_state[m.substr(0, eq)].push_back(m.substr(eq + 1));
+    auto [wrapper, name] = wrapper_pair(m, "--owned-state", "NAME");
+    o.options.owned_state[wrapper].push_back(name);
   }
   for (const auto& m : o.aliases) {
-    const auto eq = m.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
-      throw CLI::ValidationError("--alias", "'" + m + "' is not WRAPPER=NAME");
-    }
-    o.options.aliases[m.substr(0, eq)].push_back(m.substr(eq + 1));
+    auto [wrapper, name] = wrapper_pair(m, "--alias", "NAME");
+    o.options.aliases[wrapper].push_back(name);
   }
   o.options.fixtures = !o.no_fixtures;
   wrapcert::python::Stats stats;

@@ -991,15 +991,23 @@ class Runner {
     torch_version_ = o.reply.body.value("torch", std::string());
   }
 
+  /// What every case, fixture and repro request carries: the subject, the declarations, the
+  /// seed and whether numerics run.
+  json case_fields(bool numerics, uint64_t seed) const {
+    auto text = [](const std::string& s) { return s.empty() ? json() : json(s); };
+    return {{"unwrap", text(options_.unwrap)},
+            {"release", text(options_.release)},
+            {"aliases", options_.aliases},
+            {"slots", options_.slots},
+            {"seed", seed},
+            {"numerics", numerics}};
+  }
+
   const Observed& observe(const gen::TreeSpec& spec, bool numerics, uint64_t seed) {
-    return call({{"op", "case"},
-                 {"spec", to_json(spec)},
-                 {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
-                 {"release", options_.release.empty() ? json() : json(options_.release)},
-                 {"aliases", options_.aliases},
-                 {"slots", options_.slots},
-                 {"seed", seed},
-                 {"numerics", numerics}});
+    auto request = case_fields(numerics, seed);
+    request["op"] = "case";
+    request["spec"] = to_json(spec);
+    return call(request);
   }
 
   /// A fixture built in Python, every decoder layer and the root wrapped in each wrapper.
@@ -1017,29 +1025,21 @@ class Runner {
         {"rope_theta", c.rope_theta},
         {"pad_token_id", c.pad_token_id ? json(*c.pad_token_id) : json()},
         {"tie_word_embeddings", c.tie_word_embeddings}};
-    return call({{"op", "fixture"},
-                 {"config", config},
-                 {"wrappers", options_.wrappers},
-                 {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
-                 {"release", options_.release.empty() ? json() : json(options_.release)},
-                 {"aliases", options_.aliases},
-                 {"slots", options_.slots},
-                 {"seed", seed},
-                 {"numerics", numerics}});
+    auto request = case_fields(numerics, seed);
+    request["op"] = "fixture";
+    request["config"] = std::move(config);
+    request["wrappers"] = options_.wrappers;
+    return call(request);
   }
 
   json repro_request(const gen::TreeSpec& spec, bool numerics, uint64_t seed) const {
-    return {{"op", "repro"},
-            {"spec", to_json(spec)},
-            {"unwrap", options_.unwrap.empty() ? json() : json(options_.unwrap)},
-            {"slots", options_.slots},
-            {"seed", seed},
-            {"numerics", numerics},
-            {"world_size", options_.world_size},
-            {"reductions", options_.reductions},
-            {"owned_state", options_.owned_state},
-            {"aliases", options_.aliases},
-            {"release", options_.release.empty() ? json() : json(options_.release)}};
+    auto request = case_fields(numerics, seed);
+    request["op"] = "repro";
+    request["spec"] = to_json(spec);
+    request["world_size"] = options_.world_size;
+    request["reductions"] = options_.reductions;
+    request["owned_state"] = options_.owned_state;
+    return request;
   }
   /// Rank 0's worker (a repro script is written by one rank alone: it runs no collective).
   Worker& worker() { return *workers_.front(); }
