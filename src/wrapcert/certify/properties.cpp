@@ -152,12 +152,19 @@ bool close(const torch::Tensor& a, const torch::Tensor& b, double tolerance) {
   return tolerance == 0.0 ? a.equal(b) : torch::allclose(a, b, tolerance, tolerance);
 }
 
+namespace {
+/// The largest absolute difference between two tensors of one shape, and the largest magnitude
+/// in `want`, both in float64.
+std::pair<double, double> largest_gap(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto w = want.to(torch::kDouble);
+  return {(got.to(torch::kDouble) - w).abs().max().item<double>(), w.abs().max().item<double>()};
+}
+}  // namespace
+
 /// " (largest difference D, relative R)" between two tensors of one shape, else empty.
 std::string largest_difference(const torch::Tensor& got, const torch::Tensor& want) {
   if (!got.defined() || !want.defined() || got.sizes() != want.sizes()) return {};
-  const auto diff = (got.to(torch::kDouble) - want.to(torch::kDouble)).abs();
-  const double d = diff.max().item<double>();
-  const double scale = want.to(torch::kDouble).abs().max().item<double>();
+  const auto [d, scale] = largest_gap(got, want);
   std::ostringstream out;
   out << " (largest difference " << d << ", " << (scale > 0 ? d / scale : 0.0)
       << " of the largest value)";
@@ -170,10 +177,8 @@ bool same_grads(const std::vector<torch::Tensor>& a, const std::vector<torch::Te
     if (a[where].defined() != b[where].defined()) return false;
     if (!a[where].defined() || close(a[where], b[where], tolerance)) continue;
     if (order_tolerance == 0.0 || a[where].sizes() != b[where].sizes()) return false;
-    const auto want = b[where].to(torch::kDouble);
-    const double scale = std::max(1.0, want.abs().max().item<double>());
-    const double diff = (a[where].to(torch::kDouble) - want).abs().max().item<double>();
-    if (!(diff <= order_tolerance * scale)) return false;
+    const auto [diff, largest] = largest_gap(a[where], b[where]);
+    if (!(diff <= order_tolerance * std::max(1.0, largest))) return false;
   }
   return true;
 }
