@@ -702,19 +702,22 @@ def repro(req):
             f"REDUCTIONS = {dict(req.get('reductions') or {})!r}  # declared: wrapper -> mean or sum",
             ""]
     out += imports
+    def import_as(name, alias):
+        """Lines that import `package.module:attr.path` as `alias`."""
+        module_name, _, attr = name.partition(":")
+        first, *rest = attr.split(".")
+        return [f"from {module_name} import {first} as {alias}_root",
+                f"{alias} = {alias}_root" + "".join("." + a for a in rest)]
+
     if unwrap_name:
-        module_name, _, attr = unwrap_name.partition(":")
-        out.append(f"from {module_name} import {attr.split('.')[0]} as unwrap_root")
-        out.append("unwrap = unwrap_root" + "".join("." + a for a in attr.split(".")[1:]))
+        out += import_as(unwrap_name, "unwrap")
     else:
         port = UNWRAP_PORT.rstrip().replace("def unwrap(model, kinds):",
                                             "def unwrap_port(model, kinds):")
         out += ["", "# wrapcert's reference unwrap (Python port)", port, ""]
     release_name = req.get("release")
     if release_name:
-        module_name, _, attr = release_name.partition(":")
-        out.append(f"from {module_name} import {attr.split('.')[0]} as release_root")
-        out.append("release = release_root" + "".join("." + a for a in attr.split(".")[1:]))
+        out += import_as(release_name, "release")
     out += [f"ALIASES = {dict(req.get('aliases') or {})!r}  # declared with --alias",
             f"SLOTS = {dict(req.get('slots') or {})!r}  # given with --slot",
             f"OWNED = {dict(req.get('owned_state') or {})!r}  # declared with --owned-state",
