@@ -14,12 +14,18 @@ def _slots():
             CheckpointWrapper: "_checkpoint_wrapped_module"}
 
 
+def _peel(module, slots):
+    """The module under every wrapper stacked at `module`."""
+    while type(module) in slots:
+        module = module._modules[slots[type(module)]]
+    return module
+
+
 def release(model):
     """Takes every wrapper out of the tree, in place: each parent gets the module in the
     wrapper's slot, and the root is peeled."""
     slots = _slots()
-    while type(model) in slots:
-        model = model._modules[slots[type(model)]]
+    model = _peel(model, slots)
     seen = set()
 
     def visit(m):
@@ -27,8 +33,7 @@ def release(model):
             return
         seen.add(id(m))
         for name, child in list(m._modules.items()):
-            while type(child) in slots:
-                child = child._modules[slots[type(child)]]
+            child = _peel(child, slots)
             m._modules[name] = child
             if child is not None:
                 visit(child)
@@ -44,7 +49,4 @@ def release_copy(model):
 
 def release_root(model):
     """Peels the root only: wrappers inside stay."""
-    slots = _slots()
-    while type(model) in slots:
-        model = model._modules[slots[type(model)]]
-    return model
+    return _peel(model, _slots())
