@@ -52,9 +52,13 @@ gen::GenOptions with_flat() {
   return o;
 }
 
-template <typename Check>
-test_support::PropertyFn with(Check check, UnwrapSubject subject) {
+test_support::PropertyFn with(props::Verdict (*check)(const gen::TreeSpec&, const UnwrapSubject&),
+                              UnwrapSubject subject) {
   return [=](const gen::TreeSpec& spec) { return check(spec, subject); };
+}
+/// A property of the kinds in the tree (P14-P16).
+test_support::PropertyFn on_kinds(props::Verdict (*check)(const gen::TreeSpec&)) {
+  return check;
 }
 
 std::vector<Case> cases() {
@@ -79,7 +83,7 @@ std::vector<Case> cases() {
       {"P7LegacyAgreementRejectsStoppingAfterTwoLevels",
        with(legacy_agreement, faulty::stops_after_two_levels()), root_chain()},
       {"P8TranslationRejectsSubstringRewriting",
-       [](const gen::TreeSpec& s) { return translation(s, faulty::substring_translator()); },
+       [](const gen::TreeSpec& s) { return props::translation(s, faulty::substring_translator()); },
        {}},
       {"P9NoFalsePositivesRejectsDuckTyped", with(no_false_positives, duck), plain()},
       {"P10RoundTripRejectsSkippingContainers",
@@ -87,20 +91,20 @@ std::vector<Case> cases() {
        {}},
       {"P11GraphSafetyRejectsDuckTyped", with(graph_safety, duck), {}},
       {"P12OrderRejectsStoppingAfterTwoLevels",
-       [](const gen::TreeSpec& s) { return order(s, faulty::stops_after_two_levels(), 7); },
+       [](const gen::TreeSpec& s) { return props::order(s, faulty::stops_after_two_levels(), 7); },
        {}},
       {"P13ValuesRejectsDroppedFlatRestoration", with(values, faulty::drops_flat_restoration()),
        with_flat()},
-      {"P14ReleaseRejectsACopyingRelease", release, with_kind(copying_release_kind),
+      {"P14ReleaseRejectsACopyingRelease", on_kinds(release), with_kind(copying_release_kind),
        copying_release_kind},
-      {"P14ReleaseRejectsAReleaseThatEmptiesTheWrapper", release, with_kind(emptying_release_kind),
-       emptying_release_kind},
-      {"P14ReleaseRejectsASwappedFlatRestoration", release, with_kind(swapped_flat_release_kind),
-       swapped_flat_release_kind},
-      {"P15OwnedStateRejectsASecondRegistration", owned_state, with_kind(second_registration_kind),
-       second_registration_kind},
-      {"P16AliasesRejectsAnAliasToAnotherModule", aliases, with_kind(misdirected_alias_kind),
-       misdirected_alias_kind},
+      {"P14ReleaseRejectsAReleaseThatEmptiesTheWrapper", on_kinds(release),
+       with_kind(emptying_release_kind), emptying_release_kind},
+      {"P14ReleaseRejectsASwappedFlatRestoration", on_kinds(release),
+       with_kind(swapped_flat_release_kind), swapped_flat_release_kind},
+      {"P15OwnedStateRejectsASecondRegistration", on_kinds(owned_state),
+       with_kind(second_registration_kind), second_registration_kind},
+      {"P16AliasesRejectsAnAliasToAnotherModule", on_kinds(aliases),
+       with_kind(misdirected_alias_kind), misdirected_alias_kind},
   };
 }
 

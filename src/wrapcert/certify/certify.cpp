@@ -32,6 +32,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
 
 namespace wrapcert::certify {
 namespace {
@@ -69,15 +70,42 @@ Entry new_entry(const std::string& kind, const std::string& property, const std:
 /// spec names wrappers the builder may leave out (a skipped node, a list's own stack). Before
 /// the check runs, in a child process, the case is sent to the parent, so that a hang names it.
 /// Empty when the spec does not build (the check cannot run it either).
-std::vector<std::string> kinds_held(const gen::TreeSpec& spec) {
+std::vector<std::string> kinds_held(props::Case& c) {
   try {
-    const auto built = gen::build(spec);
-    if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(spec, built));
+    const auto& built = c.built();
+    if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(c.spec(), built));
     return built.kinds;
   } catch (const std::exception&) {
     (void)detail::take_blame();
-    if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(spec));
+    if (g_progress_fd >= 0) write_frame(g_progress_fd, 'c', gen::describe(c.spec()));
     return {};
+  }
+}
+
+/// The trees certification draws for `kind` (in `dtype`, for P4, P13 and P14): the certified
+/// kind as often as all built-in kinds and modes together; other kinds the process registered
+/// (a plugin's siblings) are not drawn.
+gen::GenOptions generation_options(const std::string& kind, std::optional<gen::Dtype> dtype) {
+  gen::GenOptions g;
+  g.kinds = Registry::with_builtins().names_with_modes();
+  const size_t others = g.kinds.size();
+  for (size_t i = 0; i < others; ++i) g.kinds.push_back(kind);
+  if (dtype) {
+    g.dtypes = {*dtype};
+    g.eval_mode = true;
+  }
+  return g;
+}
+
+/// The coverage line of a row: how many of its cases held `kind`, by mode for the dtype rows.
+void set_coverage(Entry& entry, const std::string& kind, const std::array<int, 2>& in_mode,
+                  bool by_mode) {
+  entry.exercised = in_mode[0] + in_mode[1];
+  entry.coverage = std::to_string(entry.exercised) + " of " + std::to_string(entry.cases) +
+                   " cases held " + kind;
+  if (by_mode) {
+    entry.coverage += " (" + std::to_string(in_mode[0]) + " in training mode, " +
+                      std::to_string(in_mode[1]) + " in eval mode)";
   }
 }
 
@@ -87,16 +115,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   Entry entry = new_entry(kind, property.name, kGenerated);
   if (dtype) entry.dtype = gen::to_string(*dtype);
   const auto start = Clock::now();
-  gen::GenOptions g;
-  // The certified kind is drawn as often as all built-in kinds and modes together; other kinds
-  // the process registered (a plugin's siblings) are not drawn.
-  g.kinds = Registry::with_builtins().names_with_modes();
-  const size_t others = g.kinds.size();
-  for (size_t i = 0; i < others; ++i) g.kinds.push_back(kind);
-  if (dtype) {
-    g.dtypes = {*dtype};
-    g.eval_mode = true;
-  }
+  auto g = generation_options(kind, dtype);
   property.adjust(g);
   const auto trees = gen::trees(g);
   auto shrunk = std::make_shared<gen::TreeSpec>();
@@ -106,8 +125,9 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   const auto result = detail::check_quietly(
       kind + "." + property.name, options.seed, options.cases, options.max_size, [&] {
         const auto spec = *trees;
-        const auto held = kinds_held(spec);
-        const auto v = property.check(spec, subject, translator);
+        props::Case c(spec, subject);
+        const auto held = kinds_held(c);
+        const auto v = property.check_case(c, translator);
         ++*runs;
         if (!v.skipped && std::find(held.begin(), held.end(), kind) != held.end()) {
           ++(*in_mode)[spec.eval ? 1 : 0];
@@ -120,15 +140,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
         RC_ASSERT(v.passed);
       });
   entry.cases = *runs;
-  if (property.wraps) {
-    entry.exercised = (*in_mode)[0] + (*in_mode)[1];
-    entry.coverage = std::to_string(entry.exercised) + " of " + std::to_string(entry.cases) +
-                     " cases held " + kind;
-    if (dtype) {
-      entry.coverage += " (" + std::to_string((*in_mode)[0]) + " in training mode, " +
-                        std::to_string((*in_mode)[1]) + " in eval mode)";
-    }
-  }
+  if (property.wraps) set_coverage(entry, kind, *in_mode, dtype.has_value());
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;
   if (result.match(failure)) {
@@ -148,6 +160,83 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   }
   entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return entry;
+}
+
+/// The properties `members` (which share cases, in table order) on one stream of generated
+/// trees, each case built and observed once and read by every member in the order of their
+/// stages. The same seed and generator give every member the trees it would draw alone. An
+/// entry for each member that passed every case, skipped none and was exercised; none for the
+/// others (all of them once one fails), which run again alone: a failure is then shrunk,
+/// counted and replayed as the property's own.
+std::vector<std::optional<Entry>> run_shared(
+    const std::string& kind, const std::vector<const props::GeneratedProperty*>& members,
+    const props::UnwrapSubject& subject, const props::Translator& translator,
+    const Options& options, std::optional<gen::Dtype> dtype) {
+  using Stage = props::GeneratedProperty::Stage;
+  std::vector<std::optional<Entry>> out(members.size());
+  const auto start = Clock::now();
+  auto g = generation_options(kind, dtype);
+  members.front()->adjust(g);  // the same for every member: they share cases
+  const auto trees = gen::trees(g);
+  std::vector<size_t> order(members.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return members[a]->stage < members[b]->stage; });
+  const bool watch = std::any_of(members.begin(), members.end(),
+                                 [](const auto* m) { return m->stage == Stage::kEndsUnwrapped; });
+  struct Tally {
+    int runs = 0;
+    std::array<int, 2> in_mode{};  // cases that held the kind, in training and in eval mode
+    bool skipped = false;
+    double seconds = 0.0;  // in its own check
+  };
+  std::vector<Tally> tally(members.size());
+  bool failed = false;
+  const auto result =
+      detail::check_quietly(kind + ".shared", options.seed, options.cases, options.max_size, [&] {
+        const auto spec = *trees;
+        if (failed) return;  // every member runs alone: the rest of the cases are not needed
+        props::Case c(spec, subject, watch);
+        const auto held = kinds_held(c);
+        const bool holds = std::find(held.begin(), held.end(), kind) != held.end();
+        for (const auto i : order) {
+          const auto begin = Clock::now();
+          const auto v = members[i]->check_case(c, translator);
+          tally[i].seconds += std::chrono::duration<double>(Clock::now() - begin).count();
+          ++tally[i].runs;
+          if (!v.passed) {
+            failed = true;
+            return;
+          }
+          if (v.skipped) {
+            tally[i].skipped = true;
+          } else if (holds) {
+            ++tally[i].in_mode[spec.eval ? 1 : 0];
+          }
+        }
+      });
+  rc::detail::SuccessResult success;
+  if (failed || !result.match(success)) return out;
+  double own = 0.0;
+  for (const auto& t : tally) own += t.seconds;
+  // Building and observing the cases, shared alike.
+  const double common =
+      std::max(0.0, std::chrono::duration<double>(Clock::now() - start).count() - own) /
+      static_cast<double>(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    const auto& m = *members[i];
+    if (tally[i].skipped) continue;  // alone, rapidcheck draws another case for each skipped
+    Entry entry = new_entry(kind, m.name, kGenerated);
+    if (dtype) entry.dtype = gen::to_string(*dtype);
+    entry.cases = tally[i].runs;
+    if (m.wraps) {
+      set_coverage(entry, kind, tally[i].in_mode, dtype.has_value());
+      if (entry.exercised == 0) continue;  // alone, it says why
+    }
+    entry.seconds = tally[i].seconds + common;
+    out[i] = std::move(entry);
+  }
+  return out;
 }
 
 /// P11 in depth, once per kind: a 10,000-deep chain of the kind in turn with the built-in kinds.
@@ -472,11 +561,19 @@ void write_all(int fd, const std::string& bytes) {
   }
 }
 
-/// Runs `check` in a child process with a time limit; its entry comes back through a pipe. A
-/// child that dies by a signal, exits without a verdict or outlives the limit is a failed entry
-/// saying so.
-Entry run_isolated(const Entry& blank, const Options& options,
-                   const std::function<Entry()>& check) {
+/// How a child process ended: what it sent back, or why it sent nothing.
+struct ChildOutcome {
+  std::optional<std::string> verdict;  ///< the bytes `body` returned
+  std::string failure;  ///< hung, crashed or exited early, and how; with `running` if known
+  std::string running;  ///< the case that was running when it ended without a verdict
+  double seconds = 0.0;
+};
+
+/// Runs `body` in a child process with a time limit; what it returns comes back through a
+/// pipe. `body` must not throw. With `quiet_seconds`, the child is also stopped as hung once
+/// that long passes without it starting another case.
+ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()>& body,
+                          int quiet_seconds = 0) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     throw Error(ErrorCode::kInvalidArgument, "",
@@ -499,28 +596,23 @@ Entry run_isolated(const Entry& blank, const Options& options,
     // Only this thread survives the fork: a thread pool the parent had running (OpenMP's, after
     // any multi-threaded LibTorch op) would wait for workers that are not there.
     at::set_num_threads(1);
-    Entry entry = blank;
-    try {
-      entry = check();
-    } catch (const std::exception& e) {
-      entry.status = Status::kFailed;
-      entry.reason = first_line(e.what());
-    } catch (...) {
-      entry.status = Status::kFailed;
-      entry.reason = "threw something that is not an exception";
-    }
-    write_frame(fds[1], 'v', to_json_value(entry).dump());
+    write_frame(fds[1], 'v', body());
     ::_exit(0);  // no exit handlers: they belong to the parent
   }
   ::close(fds[1]);
   std::string data;
   bool timed_out = false;
-  const auto deadline = start + std::chrono::seconds(options.timeout_seconds);
+  const auto deadline = start + std::chrono::seconds(timeout_seconds);
+  auto quiet_deadline = quiet_seconds > 0 ? start + std::chrono::seconds(quiet_seconds) : deadline;
+  int limit = timeout_seconds;
   while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const auto now = Clock::now();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::min(deadline, quiet_deadline) - now)
+                          .count();
     if (left <= 0) {
       timed_out = true;
+      if (quiet_deadline < deadline) limit = quiet_seconds;
       break;
     }
     pollfd in{fds[0], POLLIN, 0};
@@ -532,6 +624,7 @@ Entry run_isolated(const Entry& blank, const Options& options,
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     data.append(buffer, static_cast<size_t>(n));
+    if (quiet_seconds > 0) quiet_deadline = Clock::now() + std::chrono::seconds(quiet_seconds);
   }
   ::close(fds[0]);
   if (timed_out) ::kill(pid, SIGKILL);
@@ -539,43 +632,111 @@ Entry run_isolated(const Entry& blank, const Options& options,
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   // The frames: the last case that started, and the verdict if one came.
-  std::string running, verdict;
+  ChildOutcome out;
+  std::optional<std::string> verdict;
   for (size_t at = 0; at + 5 <= data.size();) {
     uint32_t length = 0;
     std::memcpy(&length, data.data() + at + 1, sizeof length);
     if (at + 5 + length > data.size()) break;  // cut off by the kill
-    (data[at] == 'c' ? running : verdict) = data.substr(at + 5, length);
+    auto frame = data.substr(at + 5, length);
+    if (data[at] == 'c') {
+      out.running = std::move(frame);
+    } else {
+      verdict = std::move(frame);
+    }
     at += 5 + length;
   }
-  Entry entry = blank;
-  entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  entry.status = Status::kFailed;
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string on_case = out.running.empty() ? "" : " on the case shown";
   if (timed_out) {
-    entry.reason =
-        "did not finish within " + std::to_string(options.timeout_seconds) + " s: stopped as hung";
-    if (!running.empty()) {
-      entry.reason += " on the case shown";
-      entry.counterexample = running;
-    }
+    out.failure =
+        "did not finish within " + std::to_string(limit) + " s: stopped as hung" + on_case;
   } else if (WIFSIGNALED(status)) {
-    entry.reason = std::string("crashed: signal ") + std::to_string(WTERMSIG(status)) + " (" +
-                   ::strsignal(WTERMSIG(status)) + ")";
-    if (!running.empty()) {
-      entry.reason += " on the case shown";
-      entry.counterexample = running;
-    }
+    out.failure = std::string("crashed: signal ") + std::to_string(WTERMSIG(status)) + " (" +
+                  ::strsignal(WTERMSIG(status)) + ")" + on_case;
   } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-    entry.reason =
+    out.failure =
         "exited with status " + std::to_string(WEXITSTATUS(status)) + " before giving a verdict";
-    if (!running.empty()) entry.counterexample = running;
+  } else if (!verdict) {
+    out.failure = "ended without a verdict";
   } else {
+    out.verdict = std::move(verdict);
+  }
+  return out;
+}
+
+/// Runs `check` in a child process with a time limit; its entry comes back through a pipe. A
+/// child that dies by a signal, exits without a verdict or outlives the limit is a failed entry
+/// saying so.
+Entry run_isolated(const Entry& blank, const Options& options,
+                   const std::function<Entry()>& check) {
+  const auto out = run_in_child(options.timeout_seconds, [&] {
+    Entry entry = blank;
     try {
-      return from_json_value(nlohmann::json::parse(verdict));
+      entry = check();
+    } catch (const std::exception& e) {
+      entry.status = Status::kFailed;
+      entry.reason = first_line(e.what());
+    } catch (...) {
+      entry.status = Status::kFailed;
+      entry.reason = "threw something that is not an exception";
+    }
+    return to_json_value(entry).dump();
+  });
+  Entry entry = blank;
+  entry.seconds = out.seconds;
+  entry.status = Status::kFailed;
+  entry.reason = out.failure;
+  entry.counterexample = out.running;
+  if (out.verdict) {
+    try {
+      return from_json_value(nlohmann::json::parse(*out.verdict));
     } catch (const nlohmann::json::exception&) {
       entry.reason = "ended without a verdict";
+      entry.counterexample.clear();
     }
   }
   return entry;
+}
+
+/// `run_shared` in a child process: given the sum of its members' time limits, and stopped
+/// as hung after one limit without starting a case. A group that crashes, hangs or throws gives
+/// no entry: each member then runs alone, and isolated.
+std::vector<std::optional<Entry>> run_shared_isolated(
+    const std::string& kind, const std::vector<const props::GeneratedProperty*>& members,
+    const props::UnwrapSubject& subject, const props::Translator& translator,
+    const Options& options, std::optional<gen::Dtype> dtype) {
+  std::vector<std::optional<Entry>> none(members.size());
+  const auto out = run_in_child(
+      options.timeout_seconds * static_cast<int>(members.size()),
+      [&]() -> std::string {
+        try {
+          auto j = nlohmann::json::array();
+          for (const auto& entry : run_shared(kind, members, subject, translator, options, dtype)) {
+            j.push_back(entry ? to_json_value(*entry) : nlohmann::json());
+          }
+          return j.dump();
+        } catch (...) {
+          return {};
+        }
+      },
+      options.timeout_seconds);
+  if (!out.verdict) return none;
+  try {
+    const auto j = nlohmann::json::parse(*out.verdict);
+    if (!j.is_array() || j.size() != members.size()) return none;
+    std::vector<std::optional<Entry>> entries;
+    for (const auto& e : j) {
+      if (e.is_null()) {
+        entries.emplace_back();
+      } else {
+        entries.emplace_back(from_json_value(e));
+      }
+    }
+    return entries;
+  } catch (const nlohmann::json::exception&) {
+    return none;
+  }
 }
 
 /// What runs the check of `entry` again: the command line, or, for what only the API can
@@ -702,9 +863,14 @@ Report run(const Options& options, const Listener& listener) {
   const auto& o = report.options;
   // rapidcheck reads RC_PARAMS (and says so) once per process: here, not in every child.
   detail::announce_configuration(o.seed);
+  // Rows already given by a group of properties that shared their cases, by property and dtype.
+  std::map<std::tuple<std::string, std::string, std::string>, Entry> shared;
   auto run = [&](const Entry& blank, const std::function<Entry()>& check) {
     if (listener) listener(blank, false);
-    Entry entry = o.isolate ? run_isolated(blank, o, check) : check();
+    const auto given = shared.find({blank.property, blank.target, blank.dtype});
+    Entry entry = given != shared.end() ? given->second
+                  : o.isolate           ? run_isolated(blank, o, check)
+                                        : check();
     if (entry.status == Status::kFailed) entry.replay = replay_command(entry, o);
     if (listener) listener(entry, true);
     report.entries.push_back(std::move(entry));
@@ -715,7 +881,34 @@ Report run(const Options& options, const Listener& listener) {
     return std::find(o.properties.begin(), o.properties.end(), property) != o.properties.end() ||
            std::find(o.properties.begin(), o.properties.end(), number) != o.properties.end();
   };
+  // The properties that can share their cases: the structural ones, and those run in each dtype.
+  // At most one of a group may change the model: it reads the case last.
+  std::vector<const props::GeneratedProperty*> structural, numeric;
+  for (const auto& property : props::generated_properties()) {
+    if (!o.share_cases || !property.shares_cases || !wanted(property.name)) continue;
+    (property.numeric ? numeric : structural).push_back(&property);
+  }
+  for (auto* group : {&structural, &numeric}) {
+    const auto changing = std::count_if(group->begin(), group->end(), [](const auto* p) {
+      return p->stage == props::GeneratedProperty::Stage::kChangesModel;
+    });
+    if (group->size() < 2 || changing > 1) group->clear();
+  }
+  auto share = [&](const std::string& kind,
+                   const std::vector<const props::GeneratedProperty*>& members,
+                   std::optional<gen::Dtype> dtype) {
+    if (members.empty()) return;
+    const auto entries = o.isolate
+                             ? run_shared_isolated(kind, members, subject, translator, o, dtype)
+                             : run_shared(kind, members, subject, translator, o, dtype);
+    for (const auto& entry : entries) {
+      if (entry) shared[{entry->property, entry->target, entry->dtype}] = *entry;
+    }
+  };
   for (const auto& kind : o.kinds) {
+    shared.clear();
+    share(kind, structural, std::nullopt);
+    for (const auto dtype : o.dtypes) share(kind, numeric, dtype);
     for (const auto& property : props::generated_properties()) {
       if (!wanted(property.name)) continue;
       if (!property.numeric) {

@@ -70,6 +70,12 @@ struct Options {
   /// Seconds one check may take in its child process before it is stopped as hung; the report
   /// names the case that was running then.
   int timeout_seconds = 120;
+  /// Run the properties that draw the same trees together, each case built and observed once
+  /// (`props::Case`): the structural ones, and P4, P13 and P14 in each dtype. Every property
+  /// still gets its own row, cases and coverage; one that fails, skips a case or is not
+  /// exercised there (or whose group crashes or hangs) is run again alone, so its verdict,
+  /// shrunk counterexample and replay line are those of a run of its own. False: each alone.
+  bool share_cases = true;
 };
 
 struct Entry;

@@ -320,6 +320,53 @@ TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   EXPECT_TRUE(fixture);
 }
 
+/// Every row but its time and replay line, as a report prints it.
+std::vector<std::string> rows(const Report& report) {
+  std::vector<std::string> out;
+  for (const auto& e : report.entries) {
+    out.push_back(e.kind + " | " + e.property + " | " + target_label(e) + " | " +
+                  to_string(e.status) + " | " + std::to_string(e.cases) + " cases | " + e.coverage +
+                  " | " + e.reason + " | " + e.key + " | " + e.counterexample);
+  }
+  return out;
+}
+
+TEST(Certify, PropertiesThatShareTheirCasesGiveTheRowsEachGivesAlone) {
+  // Sharing a case among the properties that draw the same trees changes no row: not for a
+  // correct kind, not where a structural property (P15) or one run in each dtype (P14) rejects
+  // a kind, not for a subject that fails several properties at once.
+  struct Run {
+    WrapperKind kind;
+    BuiltinUnwrap subject;
+    std::string rejected_by;  ///< a row that fails alone ("" for none)
+  };
+  const Run runs[] = {
+      {wrapper_kind<RelayImpl>("Relay", "_relayed_module"), BuiltinUnwrap::kReference, ""},
+      {wrapcert::test_support::second_registration_kind(), BuiltinUnwrap::kReference,
+       "P15 owned state"},
+      {wrapcert::test_support::copying_release_kind(), BuiltinUnwrap::kReference, "P14 release"},
+      {wrapper_kind<RelayImpl>("Relay", "_relayed_module"), BuiltinUnwrap::kDuckTyped,
+       "P5 non-mutation"},
+  };
+  for (const auto& r : runs) {
+    auto o = quick();
+    o.models.clear();
+    o.cases = 30;
+    o.subject = r.subject;
+    o.share_cases = false;
+    const auto alone = run(r.kind, o);
+    size_t rejected = 0;
+    for (const auto& e : alone.entries) {
+      rejected += e.property == r.rejected_by && e.status == Status::kFailed;
+    }
+    EXPECT_EQ(alone.passed(), r.rejected_by.empty()) << to_markdown(alone);
+    if (!r.rejected_by.empty()) EXPECT_GT(rejected, 0u) << to_markdown(alone);
+    o.share_cases = true;
+    const auto shared = run(r.kind, o);
+    EXPECT_EQ(rows(shared), rows(alone)) << r.kind.name << ", " << to_string(r.subject);
+  }
+}
+
 /// A kind and the one property (on generated trees) that must reject it; "" for a correct kind.
 struct ContractCase {
   WrapperKind (*kind)();

@@ -286,20 +286,174 @@ Translator reference_translator() {
   };
 }
 
+Case::Case(const gen::TreeSpec& spec, const UnwrapSubject& u, bool watch)
+    : spec_(spec), u_(u), watch_(watch) {}
+
+Case::~Case() {
+  // The subject's results first: a `ScopedUnwrap` restores the model it rewired.
+  plain_unwrapped_.reset();
+  unwrapped_.reset();
+}
+
+const gen::Built& Case::built() {
+  if (!built_) built_ = std::make_unique<gen::Built>(gen::build(spec_));
+  return *built_;
+}
+
+const gen::Built& Case::plain() {
+  if (!plain_) plain_ = std::make_unique<gen::Built>(gen::build(spec_, {std::nullopt, 0, false}));
+  return *plain_;
+}
+
+const Unwrapped& Case::unwrapped() {
+  if (!unwrapped_) {
+    if (watch_ && !before_ && !before_error_) {
+      try {
+        (void)before();
+      } catch (...) {  // kept for P5: this caller reads the case for another property
+      }
+    }
+    const auto& root = built().root;
+    unwrapped_ = u_(root);
+  }
+  return *unwrapped_;
+}
+
+const Unwrapped& Case::plain_unwrapped() {
+  if (!plain_unwrapped_) {
+    const auto& root = plain().root;
+    plain_unwrapped_ = u_(root);
+  }
+  return *plain_unwrapped_;
+}
+
+void Case::release() {
+  if (unwrapped_) unwrapped_->keep_alive.reset();
+  if (plain_unwrapped_) plain_unwrapped_->keep_alive.reset();
+}
+
+const Case::Before& Case::before() {
+  if (before_error_) {
+    if (!before_blame_.empty()) detail::note_blame(before_blame_);
+    std::rethrow_exception(before_error_);
+  }
+  if (before_) return *before_;
+  if (unwrapped_) {
+    throw std::logic_error("the case was read by the subject before P5 watched it (Case: watch)");
+  }
+  try {
+    const auto& b = built();
+    Before before;
+    before.tree = format_tree(b.root);
+    before.keys = state_dict(b.root).keys();
+    before.input = gen::sample_input(spec_, gen::scalar_type(spec_.dtype));
+    try {
+      before.output = call(*b.root, before.input).detach();
+    } catch (const Error& e) {
+      // A module shared between a flat-parameter unit and the rest of the model cannot run, in
+      // real FSDP either.
+      if (e.code() != ErrorCode::kWrapperState) throw;
+      before.does_not_run = e.what();
+    }
+    before_ = std::move(before);
+  } catch (...) {
+    before_error_ = std::current_exception();
+    before_blame_ = detail::take_blame();
+    if (!before_blame_.empty()) detail::note_blame(before_blame_);
+    throw;
+  }
+  return *before_;
+}
+
+Verdict GeneratedProperty::check(const gen::TreeSpec& spec, const UnwrapSubject& u,
+                                 const Translator& translator) const {
+  Case c(spec, u);
+  return check_case(c, translator);
+}
+
 Verdict exact_keys(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return exact_keys(c);
+}
+Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return identity(c);
+}
+Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return ties(c);
+}
+Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return backward(c);
+}
+Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return non_mutation(c);
+}
+Verdict laws(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return laws(c);
+}
+Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return legacy_agreement(c);
+}
+Verdict translation(const gen::TreeSpec& spec, const Translator& t) {
+  const UnwrapSubject none;
+  Case c(spec, none);
+  return translation(c, t);
+}
+Verdict no_false_positives(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return no_false_positives(c);
+}
+Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return round_trip(c);
+}
+Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return graph_safety(c);
+}
+Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed) {
+  Case c(spec, u);
+  return order(c, shuffle_seed);
+}
+Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+  Case c(spec, u);
+  return values(c);
+}
+Verdict release(const gen::TreeSpec& spec) {
+  const UnwrapSubject none;
+  Case c(spec, none);
+  return release(c);
+}
+Verdict owned_state(const gen::TreeSpec& spec) {
+  const UnwrapSubject none;
+  Case c(spec, none);
+  return owned_state(c);
+}
+Verdict aliases(const gen::TreeSpec& spec) {
+  const UnwrapSubject none;
+  Case c(spec, none);
+  return aliases(c);
+}
+
+Verdict exact_keys(Case& c) {
   return guarded("P1 keys", [&] {
-    const auto built = gen::build(spec);
-    const auto got = u(built.root).state.keys();
+    const auto& built = c.built();
+    const auto got = c.unwrapped().state.keys();
     std::string key;
     const auto diff = key_difference(got, built.original.keys(), key);
     return diff.empty() ? pass("P1 keys") : fail("P1 keys", diff, key);
   });
 }
 
-Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict identity(Case& c) {
   return guarded("P2 identity", [&] {
-    const auto built = gen::build(spec);
-    const auto state = u(built.root).state;
+    const auto& built = c.built();
+    const auto& state = c.unwrapped().state;
     for (const auto& item : built.original) {
       const auto* got = state.find(item.key());
       if (!got) return fail("P2 identity", "the tensor is missing", item.key());
@@ -311,11 +465,11 @@ Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u) {
   });
 }
 
-Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict ties(Case& c) {
   return guarded("P3 ties", [&] {
-    const auto built = gen::build(spec);
+    const auto& built = c.built();
     const auto before = tie_groups(built.original);
-    const auto after = tie_groups(u(built.root).state);
+    const auto after = tie_groups(c.unwrapped().state);
     if (before == after) return pass("P3 ties");
     for (const auto& g : before) {
       if (!after.count(g)) return fail("P3 ties", "keys that shared one tensor no longer do", g[0]);
@@ -324,10 +478,11 @@ Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u) {
   });
 }
 
-Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict backward(Case& c) {
   return guarded("P4 backward", [&] {
-    const auto built = gen::build(spec, {std::nullopt, 1, true});
-    const auto plain = gen::build(spec, {std::nullopt, 1, false});
+    const auto& spec = c.spec();
+    const auto& built = c.built();
+    const auto& plain = c.plain();
     const auto dtype = gen::scalar_type(spec.dtype);
     // A single example, a batch, and the single example again: a forward path may hide a fault
     // behind either size, or behind a first call (a cache).
@@ -390,7 +545,7 @@ Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
 
     // Flat parameters compute only once released: P14 runs the released model.
     if (built.needs_release) return pass("P4 backward");
-    const auto unwrapped = u(built.root);
+    const auto& unwrapped = c.unwrapped();
     for (size_t i = 0; i < inputs.size(); ++i) {
       reset_calls(built);
       const auto got = step(unwrapped.root, built.original, inputs[i], "the unwrapped model");
@@ -412,77 +567,70 @@ Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
   });
 }
 
-Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict non_mutation(Case& c) {
   return guarded("P5 non-mutation", [&] {
-    const auto built = gen::build(spec);
-    const auto tree = format_tree(built.root);
-    const auto keys_before = state_dict(built.root).keys();
-    const auto input = gen::sample_input(spec, gen::scalar_type(spec.dtype));
-    torch::Tensor before;
-    try {
-      before = call(*built.root, input).detach();
-    } catch (const Error& e) {
-      // A module shared between a flat-parameter unit and the rest of the model cannot run, in
-      // real FSDP either: the case does not apply.
-      if (e.code() != ErrorCode::kWrapperState) throw;
-      return skip("P5 non-mutation", "the wrapped model does not run: " + std::string(e.what()));
+    const auto& before = c.before();
+    if (!before.does_not_run.empty()) {
+      return skip("P5 non-mutation", "the wrapped model does not run: " + before.does_not_run);
     }
-    (void)u(built.root);  // the result, and anything it keeps alive, is gone after this line
+    const auto& built = c.built();
+    (void)c.unwrapped();
+    c.release();  // the result, and anything it kept alive, is gone after this line
     std::string key;
-    const auto diff = key_difference(state_dict(built.root).keys(), keys_before, key);
+    const auto diff = key_difference(state_dict(built.root).keys(), before.keys, key);
     if (!diff.empty())
       return fail("P5 non-mutation", "the wrapped model's keys changed: " + diff, key);
-    if (format_tree(built.root) != tree) {
+    if (format_tree(built.root) != before.tree) {
       return fail("P5 non-mutation", "the wrapped model's tree changed");
     }
     reset_calls(built);
-    const auto after = call(*built.root, input).detach();
+    const auto after = call(*built.root, before.input).detach();
     for (const auto& w : built.wrappers) {
       if (w->calls() == 0) {
         return fail("P5 non-mutation", "a " + w->kind_name() + " is no longer on the forward path");
       }
     }
-    if (!after.equal(before)) {
+    if (!after.equal(before.output)) {
       return fail("P5 non-mutation", "the wrapped model computes another output after unwrapping");
     }
     return pass("P5 non-mutation");
   });
 }
 
-Verdict laws(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict laws(Case& c) {
   return guarded("P6 laws", [&] {
-    const auto plain = gen::build(spec, {std::nullopt, 0, false});
-    const auto same = u(plain.root);
+    const auto& plain = c.plain();
+    const auto& same = c.plain_unwrapped();
     if (same.root != plain.root) return fail("P6 laws", "u(M) is not M for an unwrapped M");
     std::string key;
     auto diff = key_difference(same.state.keys(), plain.original.keys(), key);
     if (!diff.empty()) return fail("P6 laws", "u(M) changed M's keys: " + diff, key);
 
-    const auto built = gen::build(spec);
-    const auto once = u(built.root);
-    const auto twice = u(once.root);
+    const auto& once = c.unwrapped();
+    const auto twice = c.subject()(once.root);
     diff = key_difference(twice.state.keys(), once.state.keys(), key);
     return diff.empty() ? pass("P6 laws")
                         : fail("P6 laws", "u(u(x)) differs from u(x): " + diff, key);
   });
 }
 
-Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict legacy_agreement(Case& c) {
   return guarded("P7 legacy", [&] {
-    const auto built = gen::build(spec);
+    const auto& built = c.built();
     // What the module legacy returns holds once released (parameters a flat-parameter wrapper
     // holds shown where they belong), as the reference view shows it.
     const auto legacy =
         ModuleView::build(unwrap_legacy(built.root), see_nothing).state_dict().keys();
     std::string key;
-    const auto diff = key_difference(u(built.root).state.keys(), legacy, key);
+    const auto diff = key_difference(c.unwrapped().state.keys(), legacy, key);
     return diff.empty() ? pass("P7 legacy") : fail("P7 legacy", diff, key);
   });
 }
 
-Verdict translation(const gen::TreeSpec& spec, const Translator& t) {
+Verdict translation(Case& c, const Translator& t) {
   return guarded("P8 translation", [&] {
-    const auto built = gen::build(spec);
+    c.release();  // the model as built, not as a subject's result rewires it
+    const auto& built = c.built();
     const auto wrapped = model_entries(built.root, built.original);
     if (wrapped.size() != built.original.size()) {
       std::string key;
@@ -517,21 +665,22 @@ Verdict translation(const gen::TreeSpec& spec, const Translator& t) {
   });
 }
 
-Verdict no_false_positives(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict no_false_positives(Case& c) {
   return guarded("P9 no false positives", [&] {
-    const auto plain = gen::build(spec, {std::nullopt, 0, false});
+    const auto& plain = c.plain();
     std::string key;
-    const auto diff = key_difference(u(plain.root).state.keys(), plain.original.keys(), key);
+    const auto diff = key_difference(c.plain_unwrapped().state.keys(), plain.original.keys(), key);
     return diff.empty()
                ? pass("P9 no false positives")
                : fail("P9 no false positives", "a user module was unwrapped: " + diff, key);
   });
 }
 
-Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict round_trip(Case& c) {
   return guarded("P10 round trip", [&] {
-    const auto built = gen::build(spec);
-    const auto saved = u(built.root).state;
+    const auto& spec = c.spec();
+    const auto& built = c.built();
+    const auto& saved = c.unwrapped().state;
     // Through bytes, as a checkpoint file would go.
     c10::Dict<std::string, torch::Tensor> dict;
     for (const auto& item : saved) dict.insert(item.key(), item.value());
@@ -644,10 +793,11 @@ Verdict deep_chain(const std::vector<std::string>& kinds, const UnwrapSubject& u
   return verdict;
 }
 
-Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict graph_safety(Case& c) {
   return guarded("P11 graph safety", [&] {
     // A cycle: the model made its own descendant. The subject must say so, not hang or crash.
-    const auto built = gen::build(spec);
+    c.release();
+    const auto& built = c.built();
     const auto plain_root = unwrap_reference(built.root).root().module;
     plain_root->register_module("back_to_root", built.root);
     struct BreakCycle {
@@ -655,7 +805,7 @@ Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
       ~BreakCycle() { root->replace_module("back_to_root", torch::nn::Linear(1, 1).ptr()); }
     } break_cycle{plain_root};
     try {
-      (void)u(built.root);
+      (void)c.subject()(built.root);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kCycle) return pass("P11 graph safety");
       return fail("P11 graph safety", std::string("a cycle gave another error: ") + e.what(),
@@ -668,10 +818,10 @@ Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
   });
 }
 
-Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed) {
+Verdict order(Case& c, uint64_t shuffle_seed) {
   return guarded("P12 order", [&] {
-    const auto a = u(gen::build(spec).root).state.keys();
-    const auto b = u(gen::build(shuffled(spec, shuffle_seed)).root).state.keys();
+    const auto a = c.unwrapped().state.keys();
+    const auto b = c.subject()(gen::build(shuffled(c.spec(), shuffle_seed)).root).state.keys();
     std::string key;
     const auto diff = key_difference(b, a, key);
     return diff.empty() ? pass("P12 order")
@@ -679,11 +829,10 @@ Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffl
   });
 }
 
-Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u) {
+Verdict values(Case& c) {
   return guarded("P13 values", [&] {
-    const auto built = gen::build(spec);
-    const auto expected = gen::build(spec, {std::nullopt, 0, false}).original;  // same seed
-    const auto state = u(built.root).state;
+    const auto& expected = c.plain().original;  // same seed
+    const auto& state = c.unwrapped().state;
     for (const auto& item : expected) {
       const auto* got = state.find(item.key());
       if (!got) return fail("P13 values", "missing", item.key());
@@ -726,10 +875,12 @@ std::string at_path(const std::string& path) {
 
 }  // namespace
 
-Verdict release(const gen::TreeSpec& spec) {
+Verdict release(Case& c) {
   return guarded("P14 release", [&] {
-    const auto built = gen::build(spec);
-    const auto plain = gen::build(spec, {std::nullopt, 0, false});  // same seed: the values
+    c.release();  // the model as built, not as a subject's result rewires it
+    const auto& spec = c.spec();
+    const auto& built = c.built();
+    const auto& plain = c.plain();  // same seed: the values
     const auto wrappers = wrappers_at(built);
     std::vector<ModulePtr> held;
     for (const auto& w : wrappers) held.push_back(w.kind->inner_of(*w.wrapper, w.path));
@@ -813,9 +964,10 @@ Verdict release(const gen::TreeSpec& spec) {
   });
 }
 
-Verdict owned_state(const gen::TreeSpec& spec) {
+Verdict owned_state(Case& c) {
   return guarded("P15 owned state", [&] {
-    const auto built = gen::build(spec);
+    c.release();
+    const auto& built = c.built();
     const auto wrappers = wrappers_at(built);
     // First what is held at all: everything besides the slot must be declared by name.
     for (const auto& w : wrappers) {
@@ -896,9 +1048,10 @@ Verdict owned_state(const gen::TreeSpec& spec) {
   });
 }
 
-Verdict aliases(const gen::TreeSpec& spec) {
+Verdict aliases(Case& c) {
   return guarded("P16 aliases", [&] {
-    const auto built = gen::build(spec);
+    c.release();
+    const auto& built = c.built();
     for (const auto& w : wrappers_at(built)) {
       const auto in_slot = w.kind->inner_of(*w.wrapper, w.path);
       for (const auto& alias : w.kind->aliases) {
@@ -925,51 +1078,63 @@ Verdict aliases(const gen::TreeSpec& spec) {
 
 const std::vector<GeneratedProperty>& generated_properties() {
   static const std::vector<GeneratedProperty> table = [] {
-    auto on_subject = [](Verdict (*fn)(const gen::TreeSpec&, const UnwrapSubject&)) {
-      return [fn](const gen::TreeSpec& s, const UnwrapSubject& u, const Translator&) {
-        return fn(s, u);
-      };
-    };
-    auto on_kinds = [](Verdict (*fn)(const gen::TreeSpec&)) {
-      return
-          [fn](const gen::TreeSpec& s, const UnwrapSubject&, const Translator&) { return fn(s); };
+    using Stage = GeneratedProperty::Stage;
+    auto on_case = [](Verdict (*fn)(Case&)) {
+      return [fn](Case& c, const Translator&) { return fn(c); };
     };
     auto any = [](gen::GenOptions&) {};
-    return std::vector<GeneratedProperty>{
-        {"P1 keys", "the unwrapped keys are the model's, in order", on_subject(exact_keys), any},
-        {"P2 identity", "every tensor is the model's own", on_subject(identity), any},
-        {"P3 ties", "keys share tensors as before", on_subject(ties), any},
-        {"P4 backward", "outputs and gradients through the wrappers and without them",
-         on_subject(backward), any, /*numeric=*/true},
-        {"P5 non-mutation", "the wrapped model is left as it was", on_subject(non_mutation), any},
-        {"P6 laws", "u(M) is M; u(u(x)) is u(x)", on_subject(laws), any},
-        {"P7 legacy", "agrees with the legacy unwrap on a chain at the root",
-         on_subject(legacy_agreement), [](gen::GenOptions& o) { o.root_chain_only = true; }},
-        {"P8 translation", "wrapped keys translate one to one to the clean keys",
-         [](const gen::TreeSpec& s, const UnwrapSubject&, const Translator& t) {
-           return translation(s, t);
-         },
-         any},
-        {"P9 no false positives", "user modules named like slots are left alone",
-         on_subject(no_false_positives), [](gen::GenOptions& o) { o.wrappers = false; },
-         /*numeric=*/false, /*wraps=*/false},
-        {"P10 round trip", "what it saves loads into a fresh model, and a fresh wrapped one",
-         on_subject(round_trip), any},
-        {"P11 graph safety", "a cycle is an error, not a hang", on_subject(graph_safety), any},
-        {"P12 order", "every order of a wrapper stack unwraps alike",
-         [](const gen::TreeSpec& s, const UnwrapSubject& u, const Translator&) {
-           return order(s, u, *rc::gen::arbitrary<uint64_t>());
-         },
-         any},
-        {"P13 values", "shapes, dtypes and values are the model's", on_subject(values), any,
-         /*numeric=*/true},
-        {"P14 release", "releasing every wrapper gives back the model itself", on_kinds(release),
-         any, /*numeric=*/true},
-        {"P15 owned state", "wrappers hold only declared state, none of it the model's",
-         on_kinds(owned_state), any},
-        {"P16 aliases", "every declared alias reaches the module in the slot", on_kinds(aliases),
-         any},
+    auto property = [&](std::string name, std::string checks, Verdict (*fn)(Case&),
+                        Stage stage = Stage::kWhileUnwrapped, bool numeric = false) {
+      GeneratedProperty p;
+      p.name = std::move(name);
+      p.checks = std::move(checks);
+      p.check_case = on_case(fn);
+      p.adjust = any;
+      p.numeric = numeric;
+      p.stage = stage;
+      return p;
     };
+    std::vector<GeneratedProperty> table{
+        property("P1 keys", "the unwrapped keys are the model's, in order", exact_keys),
+        property("P2 identity", "every tensor is the model's own", identity),
+        property("P3 ties", "keys share tensors as before", ties),
+        property("P4 backward", "outputs and gradients through the wrappers and without them",
+                 backward, Stage::kBeforeUnwrapped, /*numeric=*/true),
+        property("P5 non-mutation", "the wrapped model is left as it was", non_mutation,
+                 Stage::kEndsUnwrapped),
+        property("P6 laws", "u(M) is M; u(u(x)) is u(x)", laws),
+        property("P7 legacy", "agrees with the legacy unwrap on a chain at the root",
+                 legacy_agreement),
+        property("P8 translation", "wrapped keys translate one to one to the clean keys", nullptr,
+                 Stage::kAfterUnwrapped),
+        property("P9 no false positives", "user modules named like slots are left alone",
+                 no_false_positives),
+        property("P10 round trip",
+                 "what it saves loads into a fresh model, and a fresh wrapped one", round_trip),
+        property("P11 graph safety", "a cycle is an error, not a hang", graph_safety,
+                 Stage::kChangesModel),
+        property("P12 order", "every order of a wrapper stack unwraps alike", nullptr),
+        property("P13 values", "shapes, dtypes and values are the model's", values,
+                 Stage::kWhileUnwrapped, /*numeric=*/true),
+        property("P14 release", "releasing every wrapper gives back the model itself", release,
+                 Stage::kChangesModel, /*numeric=*/true),
+        property("P15 owned state", "wrappers hold only declared state, none of it the model's",
+                 owned_state, Stage::kAfterUnwrapped),
+        property("P16 aliases", "every declared alias reaches the module in the slot", aliases,
+                 Stage::kAfterUnwrapped),
+    };
+    auto& p7 = table[6];
+    p7.adjust = [](gen::GenOptions& o) { o.root_chain_only = true; };
+    p7.shares_cases = false;
+    table[7].check_case = [](Case& c, const Translator& t) { return translation(c, t); };
+    auto& p9 = table[8];
+    p9.adjust = [](gen::GenOptions& o) { o.wrappers = false; };
+    p9.wraps = false;
+    p9.shares_cases = false;
+    table[11].check_case = [](Case& c, const Translator&) {
+      return order(c, *rc::gen::arbitrary<uint64_t>());
+    };
+    return table;
   }();
   return table;
 }

@@ -10,6 +10,7 @@
 #include <wrapcert/gen/spec.h>
 #include <wrapcert/unwrap.h>
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -86,6 +87,81 @@ bool same_grads(const std::vector<torch::Tensor>& a, const std::vector<torch::Te
 /// Keys grouped by the tensor they share: every group of two or more keys (what P3 compares).
 std::set<std::vector<std::string>> tie_groups(const StateDict& state);
 
+/// One generated case, built and observed once. The properties that read a case without
+/// changing it read the same built model and the same result of the subject; each property
+/// given a spec alone makes a case of its own (docs/SEMANTICS.md, "One observation per case").
+///
+///   props::Case c(spec, reference, /*watch=*/true);
+///   auto keys = props::exact_keys(c);    // builds the model and runs the subject
+///   auto same = props::identity(c);      // reads what P1 observed
+///   auto left = props::non_mutation(c);  // ends the subject's result, then compares
+///
+/// The subject's result lives until `release`: the reference subject's `ScopedUnwrap` rewires
+/// the model while it lives. Read the case in the order of `GeneratedProperty::stage`.
+/// Holds references to `spec` and `u`: both must outlive it.
+class Case {
+ public:
+  /// `watch`: before the subject first runs, keep what P5 compares (the wrapped model's tree,
+  /// keys and an output); needed when P5 reads the case after another property did.
+  Case(const gen::TreeSpec& spec, const UnwrapSubject& u, bool watch = false);
+  ~Case();
+  Case(const Case&) = delete;
+  Case& operator=(const Case&) = delete;
+
+  const gen::TreeSpec& spec() const { return spec_; }
+  const UnwrapSubject& subject() const { return u_; }
+  /// The wrapped model (`gen::build(spec)`), built on first use.
+  const gen::Built& built();
+  /// The same model without wrappers, from the same seed: the values the model was made with.
+  const gen::Built& plain();
+  /// The subject's result for `built().root`, on first use.
+  const Unwrapped& unwrapped();
+  /// The subject's result for `plain().root`.
+  const Unwrapped& plain_unwrapped();
+  /// Ends what the subject's result keeps alive (a rewiring of the model); its state stays.
+  void release();
+
+  /// The wrapped model as it was before the subject first ran (P5).
+  struct Before {
+    std::string tree;
+    std::vector<std::string> keys;
+    torch::Tensor input, output;
+    std::string does_not_run;  ///< why the wrapped model cannot run (the case does not apply)
+  };
+  /// Taken now if the subject has not run on this case yet; else what `watch` kept. Rethrows
+  /// what the wrapped model threw while it was taken.
+  const Before& before();
+
+ private:
+  const gen::TreeSpec& spec_;
+  const UnwrapSubject& u_;
+  bool watch_;
+  std::unique_ptr<gen::Built> built_, plain_;
+  std::optional<Before> before_;
+  std::exception_ptr before_error_;
+  std::string before_blame_;
+  std::optional<Unwrapped> unwrapped_, plain_unwrapped_;
+};
+
+/// The properties that read a case, each as it reads one `Case` (the spec overloads below make
+/// the case themselves).
+Verdict exact_keys(Case& c);                        ///< P1
+Verdict identity(Case& c);                          ///< P2
+Verdict ties(Case& c);                              ///< P3
+Verdict backward(Case& c);                          ///< P4: runs the wrapped model first
+Verdict non_mutation(Case& c);                      ///< P5: ends the subject's result
+Verdict laws(Case& c);                              ///< P6
+Verdict legacy_agreement(Case& c);                  ///< P7
+Verdict translation(Case& c, const Translator& t);  ///< P8
+Verdict no_false_positives(Case& c);                ///< P9
+Verdict round_trip(Case& c);                        ///< P10
+Verdict graph_safety(Case& c);                      ///< P11: leaves a module in the model
+Verdict order(Case& c, uint64_t shuffle_seed);      ///< P12
+Verdict values(Case& c);                            ///< P13
+Verdict release(Case& c);                           ///< P14: releases the model's wrappers
+Verdict owned_state(Case& c);                       ///< P15
+Verdict aliases(Case& c);                           ///< P16
+
 Verdict exact_keys(const gen::TreeSpec& spec, const UnwrapSubject& u);          ///< P1
 Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P2
 Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u);                ///< P3
@@ -125,11 +201,9 @@ Verdict aliases(const gen::TreeSpec& spec);
 struct GeneratedProperty {
   std::string name;    ///< "P1 keys"
   std::string checks;  ///< what it checks, in one line
-  /// One case. P8 checks `translator`, P14-P16 the kinds in the tree; the others `u`. Runs
-  /// inside a rapidcheck property (P12 draws its shuffle there).
-  std::function<Verdict(const gen::TreeSpec& spec, const UnwrapSubject& u,
-                        const Translator& translator)>
-      check;
+  /// One case. P8 checks `translator`, P14-P16 the kinds in the tree; the others the case's
+  /// subject. Runs inside a rapidcheck property (P12 draws its shuffle there).
+  std::function<Verdict(Case& c, const Translator& translator)> check_case;
   /// What the property's trees need (P7: wrappers at the root only; P9: none).
   std::function<void(gen::GenOptions& options)> adjust;
   /// Runs the model (P4, P13, P14): certified in every dtype, in training and eval mode.
@@ -137,6 +211,25 @@ struct GeneratedProperty {
   /// Its trees hold wrappers, so each row counts the cases that held the certified kind (not
   /// P9, whose trees have none).
   bool wraps = true;
+  /// When it reads a case it shares, relative to the others: first, as it runs the wrapped
+  /// model before the subject's result rewires it (P4); while that result lives; ending it
+  /// (P5); after it ended; or last, as it changes the model (P11, P14). At most one property of
+  /// a shared case changes the model.
+  enum class Stage {
+    kBeforeUnwrapped,
+    kWhileUnwrapped,
+    kEndsUnwrapped,
+    kAfterUnwrapped,
+    kChangesModel
+  };
+  Stage stage = Stage::kWhileUnwrapped;
+  /// Its trees are drawn as the other properties' (`adjust` changes nothing): it can read the
+  /// cases they read (P7 and P9 draw their own).
+  bool shares_cases = true;
+
+  /// One case of its own.
+  Verdict check(const gen::TreeSpec& spec, const UnwrapSubject& u,
+                const Translator& translator) const;
 };
 
 /// P1-P16 on generated trees, in order (P11 without its deep chain: see `deep_chain`).
