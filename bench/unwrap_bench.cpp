@@ -30,6 +30,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 namespace {
@@ -274,21 +275,30 @@ void BM_TranslateKeys(benchmark::State& state) {
 
 // ---- property throughput ----------------------------------------------------------------
 
-/// 64 specs drawn from the property suite's generator (fixed seed, size 50).
+/// 64 specs drawn from the property suite's generator (fixed seed, size 50): every dtype, or
+/// the one P4 is certified in as a row of its own (training and eval mode drawn, as certify
+/// draws them).
+std::vector<wrapcert::gen::TreeSpec> draw_specs(std::optional<wrapcert::gen::Dtype> dtype) {
+  wrapcert::gen::GenOptions options;
+  if (dtype) {
+    options.dtypes = {*dtype};
+    options.eval_mode = true;
+  }
+  std::vector<wrapcert::gen::TreeSpec> out;
+  rc::Random random(42);
+  const auto trees = wrapcert::gen::trees(options);
+  for (int i = 0; i < 64; ++i) out.push_back(trees(random.split(), 50).value());
+  return out;
+}
+
 const std::vector<wrapcert::gen::TreeSpec>& sample_specs() {
-  static const auto specs = [] {
-    std::vector<wrapcert::gen::TreeSpec> out;
-    rc::Random random(42);
-    const auto trees = wrapcert::gen::trees();
-    for (int i = 0; i < 64; ++i) out.push_back(trees(random.split(), 50).value());
-    return out;
-  }();
+  static const auto specs = draw_specs(std::nullopt);
   return specs;
 }
 
 template <typename Check>
-void run_property(benchmark::State& state, Check check) {
-  const auto& specs = sample_specs();
+void run_property(benchmark::State& state, Check check,
+                  const std::vector<wrapcert::gen::TreeSpec>& specs = sample_specs()) {
   const auto reference = wrapcert::props::subject(BuiltinUnwrap::kReference);
   size_t i = 0;
   for (auto _ : state) benchmark::DoNotOptimize(check(specs[i++ % specs.size()], reference));
@@ -319,9 +329,14 @@ void BM_PropertyStructuralAlone(benchmark::State& state) {
 }
 
 void BM_PropertyBackward(benchmark::State& state) {
-  run_property(state, [](const auto& spec, const auto& u) {
-    return wrapcert::props::backward(spec, u).passed;
-  });
+  // P4 on cases of one dtype, as certification runs it: a row per dtype.
+  const auto dtype = wrapcert::gen::kAllDtypes[state.range(0)];
+  state.SetLabel(wrapcert::gen::to_string(dtype));
+  const auto specs = draw_specs(dtype);
+  run_property(
+      state,
+      [](const auto& spec, const auto& u) { return wrapcert::props::backward(spec, u).passed; },
+      specs);
 }
 
 /// A kind whose `make` walks all of the module it wraps (as a cast or a device move in place
@@ -518,7 +533,7 @@ BENCHMARK(BM_BuildLayoutOnMeta)->ArgName("layout")->Arg(0)->Arg(1)->Unit(benchma
 BENCHMARK(BM_TranslateKeys)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyStructuralAlone);
-BENCHMARK(BM_PropertyBackward);
+BENCHMARK(BM_PropertyBackward)->ArgName("dtype")->DenseRange(0, 3);
 BENCHMARK(BM_CertifyOneKind)->ArgName("kind")->DenseRange(0, 3)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyPython)->ArgName("wrapper")->DenseRange(0, 2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyPythonAcrossRanks)->ArgName("world_size")->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();

@@ -5,8 +5,11 @@
 #
 #   scripts/bench.sh [--quick] [--against OLD_DIR] [--out DIR] [--repetitions N]
 #
-#   --quick            a short run (a minute or two): the layouts and trees up to 10,000
-#                      modules, fewer repetitions, shorter minimum times
+#   --quick            a short run (two minutes or so): the layouts, trees up to 10,000
+#                      modules and property throughput, fewer repetitions, shorter minimum
+#                      times
+# The report's targets table also shows the last recorded times of scripts/main.sh and
+# scripts/test.sh in this checkout ($BUILD_DIR/main-times.json, test-times.json).
 #   --against OLD_DIR  compare with an earlier report folder (its cpp.json and python.json)
 #                      through tools/bench_compare.py, add the table to the report, and exit 1
 #                      when a benchmark got significantly slower
@@ -20,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-usage() { sed -n '2,19s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
 quick=0 against="" out=bench-report repetitions=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -75,10 +78,11 @@ bench_bin="$BUILD_DIR/bench/wrapcert_bench"
 if [ "$quick" = 1 ]; then
   mode=quick
   reps=${repetitions:-7}
-  # The layouts, and the synthetic trees up to 10,000 modules; no chains, wide trees or
-  # property throughput.
+  # The layouts, the synthetic trees up to 10,000 modules, and property throughput (with
+  # certify-python on DataParallel as its Python peer); no chains or wide trees.
   trees='NamedModulesWalk|NamedParametersKeys|UnwrapReference|UnwrapLegacy|UnwrapDuckTyped'
   filter="^BM_[A-Za-z]+Layout(OnMeta)?/|^BM_TranslateKeys/|^BM_($trees)/modules:(100|1000|10000)\$"
+  filter+="|^BM_PropertyStructural\$|^BM_PropertyBackward/|^BM_CertifyPython/wrapper:0/"
   cpp_args=(--benchmark_filter="$filter" --benchmark_min_time=0.05)
   sizes=100,1000,10000
 else
@@ -128,9 +132,14 @@ relative() { sed "s#$work#$out#g" <<<"$*"; }
     --set "python_command=$(relative "${python_cmd[*]}")" \
     --set "wall_s={\"build\": $(elapsed "$t_start" "$t_built"), \"C++\": $(elapsed "$t0" "$t1"),
                    \"Python\": $(elapsed "$t1" "$t2"), \"total\": $(elapsed "$t_start" "$t2")}"
+# The last recorded runs of the README's commands in this checkout, for the targets table.
+times=()
+for record in "$BUILD_DIR/main-times.json" "$BUILD_DIR/test-times.json"; do
+  if [ -f "$record" ]; then times+=(--times "$record"); fi
+done
 "$python" tools/bench_report.py "$work/cpp.json" "$work/python.json" \
     --context "$work/context.json" --markdown "$work/report.md" \
-    --plot "$work/plot.svg" --plot "$work/plot.png" "${sections[@]}"
+    --plot "$work/plot.svg" --plot "$work/plot.png" "${sections[@]}" "${times[@]}"
 rm -rf "$work/against"
 
 rm -rf "$out"

@@ -5,6 +5,8 @@
 # the main build. WRAPCERT_SANITIZERS=0 leaves that stage out and runs every suite in the main
 # build. With arguments, they go to ctest on the main build only (e.g.
 # `scripts/test.sh -L unit`, `scripts/test.sh -L slow`, `scripts/test.sh -R SeedThread`).
+# Without arguments, each stage's time is kept in $BUILD_DIR/test-times.json for the benchmark
+# report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -gt 0 ] || [ "${WRAPCERT_SANITIZERS:-1}" = 0 ]; then
@@ -12,8 +14,22 @@ if [ $# -gt 0 ] || [ "${WRAPCERT_SANITIZERS:-1}" = 0 ]; then
   [ $# -gt 0 ] || set -- -LE slow
   exec ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"
 fi
+# Each stage's wall time goes to $BUILD_DIR/test-times.json once every stage passed, for the
+# benchmark report (scripts/bench.sh): "fresh" says whether the build folders were new.
+build_dir=${BUILD_DIR:-build}
+fresh=true
+[ -e "$build_dir/CMakeCache.txt" ] || [ -e "${SANITIZE_BUILD_DIR:-build-asan}/CMakeCache.txt" ] &&
+  fresh=false
+now() { date +%s.%N; }
+t0=$(now)
 # The sanitizer stage builds and runs these suites (the same tests, by the same labels).
 "$(pwd)/scripts/bootstrap.sh" wrapcert_main_suites
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" \
+t1=$(now)
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" \
   -LE 'slow|unit|regression|adversarial'
+t2=$(now)
 "$(pwd)/scripts/sanitize.sh"
+t3=$(now)
+python3 tools/record_times.py "$build_dir/test-times.json" --command scripts/test.sh \
+  --fresh "$fresh" --stage "build=$t0,$t1" --stage "main suites=$t1,$t2" \
+  --stage "sanitizer build and suites=$t2,$t3" || true

@@ -106,7 +106,7 @@ def load(paths):
                 fig.cpu.append(b["cpu_ns"])
             fig.label = b.get("label", fig.label)
             for key in ("items_per_second", "peak_rss_mb", "tree_mb", "bytes_per_module",
-                        "view_mb", "translator_mb"):
+                        "view_mb", "translator_mb", "structural_cases_per_s", "p4_cases_per_s"):
                 if key in b:
                     fig.counters[key].append(b[key])
     return figures, contexts, errors
@@ -287,8 +287,11 @@ def busy_warnings(figures, contexts, context):
                         f"core(s) (more than {BUSY_LOAD:g} per core besides the benchmark). "
                         "Other work competed for the CPU; expect wide intervals and treat "
                         "ratios near 1 as noise.")
+    # Benchmarks timed by the wall clock on purpose (`/real_time`) do their work in other
+    # processes (certification's children, Python workers, ranks): their CPU time is not it.
     gaps = sorted((statistics.median(f.times) / statistics.median(f.cpu) - 1, f.name)
-                  for f in figures.values() if f.cpu and statistics.median(f.cpu) > 0)
+                  for f in figures.values()
+                  if f.cpu and statistics.median(f.cpu) > 0 and not f.name.endswith("/real_time"))
     if gaps:
         median_gap = statistics.median(g for g, _ in gaps)
         lost = [(g, name) for g, name in gaps if g > 2 * CPU_GAP]
@@ -441,6 +444,104 @@ def table_for_tree(fig_by_key):
     return lines
 
 
+# The project's performance targets (each a row of the report's "Targets" table).
+TARGET_STRUCTURAL = 10_000    # structural property cases a second
+TARGET_P4 = 5_000             # P4 cases a second, in every dtype
+TARGET_LAYOUT_RATIO = 150     # duck-typed Python ÷ reference C++, on every layout
+TARGET_LARGE_RATIO = 30       # the same at 60,000 modules, with the other core busy
+LARGE_TREE = 60_000
+TARGET_TEST_COLD_S = 15 * 60  # scripts/test.sh with fresh build folders
+TARGET_TEST_WARM_S = 3 * 60   # scripts/test.sh with one file changed
+TARGET_MAIN_S = 240           # scripts/main.sh with the packages present
+
+
+def rate_figure(name, rates, source="", label=""):
+    """A Figure whose times are the time per case of each repetition's rate."""
+    fig = Figure(name, source)
+    fig.times = [1e9 / r for r in rates if r > 0]
+    fig.label = label
+    return fig
+
+
+def fmt_rate(fig):
+    rates = sorted(1e9 / t for t in fig.times)
+    mid = statistics.median(rates)
+    spread_text = (f"{_sig(rates[0] / 1e3)}k–{_sig(rates[-1] / 1e3)}k" if len(rates) > 1
+                   else "one run")
+    return f"{_sig(mid / 1e3)}k/s ({spread_text}, {len(rates)} reps)", mid
+
+
+def met(ok):
+    return "met" if ok else "**not met**"
+
+
+def target_rows(figures, tree_list, times):
+    """The targets table: each figure with its spread, its Python peer and the target."""
+    rows = ["| figure | wrapcert | Python peer | ratio (95% interval) | target | |",
+            "|---|---|---|---:|---|---|"]
+    peer = next((f for n, f in sorted(figures.items())
+                 if n.startswith("BM_CertifyPython/") and f.counters.get("p4_cases_per_s")),
+                None)
+    peer_label = f"certify-python on torch's {peer.label}" if peer and peer.label else ""
+
+    def peer_cells(fig, counter):
+        if not peer or not peer.counters.get(counter):
+            return "–", "–"
+        py = rate_figure(peer.name, peer.counters[counter])
+        text, _ = fmt_rate(py)
+        return f"{text}, {peer_label}", fmt_ratio(ratio(py, fig))
+
+    structural = figures.get("BM_PropertyStructural")
+    if structural and structural.counters.get("items_per_second"):
+        fig = rate_figure(structural.name, structural.counters["items_per_second"])
+        text, mid = fmt_rate(fig)
+        py, r = peer_cells(fig, "structural_cases_per_s")
+        rows.append(f"| structural properties (P1-P3, P5, P6, P9, P12 on one case) | {text} | "
+                    f"{py} | {r} | ≥ {TARGET_STRUCTURAL // 1000}k/s | "
+                    f"{met(mid >= TARGET_STRUCTURAL)} |")
+    for name in sorted(n for n in figures if n.startswith("BM_PropertyBackward/")):
+        source = figures[name]
+        if not source.counters.get("items_per_second"):
+            continue
+        fig = rate_figure(name, source.counters["items_per_second"])
+        text, mid = fmt_rate(fig)
+        py, r = peer_cells(fig, "p4_cases_per_s")
+        rows.append(f"| P4 backward, {source.label or name} | {text} | {py} | {r} | "
+                    f"≥ {TARGET_P4 // 1000}k/s | {met(mid >= TARGET_P4)} |")
+    for title, kind, arg, figs in tree_list:
+        if "python" not in figs or "reference" not in figs:
+            continue
+        if kind == "layout":
+            target = TARGET_LAYOUT_RATIO
+        elif arg == LARGE_TREE:
+            target = TARGET_LARGE_RATIO
+        else:
+            continue
+        r = ratio(figs["python"], figs["reference"])
+        name = title.split(" (")[0]
+        rows.append(f"| unwrap, {name}: reference C++ | {fmt_time(figs['reference'].median)} | "
+                    f"{fmt_time(figs['python'].median)}, accelerate's recursive unwrap | "
+                    f"{fmt_ratio(r)} | ≥ {target}× | "
+                    f"{met(r is not None and r.estimate >= target)} |")
+    for record in times:
+        seconds = record.get("seconds", {})
+        total = seconds.get("total")
+        if total is None:
+            continue
+        stages = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+        when = (f"{record.get('finished', '?')} at `{str(record.get('commit', ''))[:12]}`"
+                + (" (dirty)" if record.get("dirty") else ""))
+        if record.get("command") == "scripts/main.sh":
+            target, what = TARGET_MAIN_S, "main job (`scripts/main.sh`)"
+        elif record.get("fresh_build_folders"):
+            target, what = TARGET_TEST_COLD_S, "`scripts/test.sh`, fresh build folders"
+        else:
+            target, what = TARGET_TEST_WARM_S, "`scripts/test.sh`, existing build folders"
+        rows.append(f"| {what} | {total / 60:.1f} min ({stages}; {when}) | – | – | "
+                    f"≤ {target / 60:g} min | {met(total <= target)} |")
+    return rows if len(rows) > 2 else []
+
+
 def other_rows(figures, used):
     rows = ["| benchmark | label | median | min – max | CV | reps | counters (median) |",
             "|---|---|---:|---:|---:|---:|---|"]
@@ -513,7 +614,7 @@ def plot(tree_list, paths, context):
     return None
 
 
-def report(figures, contexts, errors, context, plot_paths, sections):
+def report(figures, contexts, errors, context, plot_paths, sections, times=()):
     tree_list = trees(figures, contexts)
     used = {fig.name for _, _, _, figs in tree_list for fig in figs.values()}
     lines = ["# wrapcert benchmark report", ""]
@@ -553,6 +654,16 @@ def report(figures, contexts, errors, context, plot_paths, sections):
     lines += [f"| {what} | {value} |" for what, value in context_rows(context, contexts,
                                                                        figures)]
     lines += ["", "## What is measured", ""] + baselines(contexts, context) + [""]
+    targets = target_rows(figures, tree_list, times)
+    if targets:
+        lines += ["## Targets", "",
+                  "Each figure's median over the repetitions with the smallest and largest, "
+                  "beside its Python peer (the same properties run by `wrapcert certify-python` "
+                  "on a real PyTorch wrapper; accelerate's recursive unwrap for the unwrap), and "
+                  "the ratio of the peer's time per case to wrapcert's with its interval. "
+                  "Build and test times are the last recorded runs of the commands in this "
+                  "checkout (`test-times.json`, `main-times.json` in the build folder), one run "
+                  "each; whether the compiler cache was warm is not recorded.", ""] + targets + [""]
     headline = []
     for title, _, _, figs in tree_list:
         cells = []
@@ -604,13 +715,23 @@ def main():
                         help="plot file (.svg, .png, ...); may be given more than once")
     parser.add_argument("--section", nargs=2, action="append", default=[],
                         metavar=("TITLE", "FILE"), help="append FILE's Markdown under TITLE")
+    parser.add_argument("--times", action="append", default=[], metavar="FILE",
+                        help="a stage-times record (tools/record_times.py) to show in the "
+                             "targets table; may be given more than once")
     args = parser.parse_args()
+    times = []
+    for path in args.times:
+        try:
+            with open(path) as f:
+                times.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"bench_report: {path}: {e}: left out of the targets", file=sys.stderr)
     figures, contexts, errors = load(args.runs)
     context = {}
     if args.context:
         with open(args.context) as f:
             context = json.load(f)
-    text = report(figures, contexts, errors, context, args.plot, args.section)
+    text = report(figures, contexts, errors, context, args.plot, args.section, times)
     tmp = args.markdown + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)

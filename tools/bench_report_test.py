@@ -337,6 +337,101 @@ class NoiseMarking(Workdir):
         self.assertIn("**undecidable** (too few repetitions)", text)
 
 
+class Targets(Workdir):
+    """The targets table: throughput beside its Python peer, unwrap ratios, recorded times."""
+
+    def runs(self, structural_rate):
+        reps = 7
+        cpp = []
+        for e in entries("BM_PropertyStructural", spread_around(1e9 / structural_rate, 0.02, reps)):
+            e["items_per_second"] = 1e9 / e["real_time"]
+            cpp.append(e)
+        for e in entries("BM_PropertyBackward/dtype:0", spread_around(1e9 / 1000, 0.02, reps),
+                         label="float64"):
+            e["items_per_second"] = 1e9 / e["real_time"]
+            cpp.append(e)
+        # The Python peer: wall time on purpose (its work is in the worker), counters per run.
+        for i, e in enumerate(entries("BM_CertifyPython/wrapper:0/iterations:1/real_time",
+                                      spread_around(3e9, 0.02, reps), cpu_share=0.05,
+                                      label="DataParallel")):
+            e["structural_cases_per_s"] = 500.0 + i
+            e["p4_cases_per_s"] = 250.0 + i
+            cpp.append(e)
+        for i, tree in ((0, "gemma-2b"), (1, "mistral-7b")):
+            cpp += entries(f"BM_UnwrapReferenceLayout/layout:{i}", spread_around(10e3, 0.01, reps),
+                           label=tree)
+        python = []
+        for i in (0, 1):
+            python += entries(f"BM_PythonDuckTypedLayout/layout:{i}",
+                              spread_around(2e6, 0.01, reps))
+        cpp_path = self.write_json("cpp.json", {
+            "context": {"num_cpus": 2, "load_avg": [0.1, 0.1, 0.1],
+                        "layouts": "layout:0 = gemma-2b, layout:1 = mistral-7b"},
+            "benchmarks": cpp})
+        py_path = self.write_json("python.json", {"context": {"load_avg": [0.1, 0.1, 0.1]},
+                                                 "benchmarks": python})
+        return [cpp_path, py_path]
+
+    def test_each_figure_beside_its_peer_and_target(self):
+        text, _ = self.make_report(self.runs(structural_rate=12_000))
+        rows = table_rows(section(text, "Targets"))
+        structural = next(v for k, v in rows.items() if k.startswith("structural"))
+        self.assertRegex(structural[1], r"^12\.0k/s \(11\.\dk–12\.\dk, 7 reps\)$")
+        self.assertIn("certify-python on torch's DataParallel", structural[2])
+        # The peer's time per case over wrapcert's: 12,000 / ~503 cases a second.
+        self.assertRegex(structural[3], r"^2[34]\.\d× \(")
+        self.assertEqual(structural[5], "met")
+        p4 = rows["P4 backward, float64"]
+        self.assertRegex(p4[3], r"^3\.9\d× \(")
+        self.assertEqual(p4[5], "**not met**")
+        gemma = rows["unwrap, gemma-2b: reference C++"]
+        self.assertRegex(gemma[3], r"^200× \(")
+        self.assertEqual(gemma[4], "≥ 150×")
+        self.assertEqual(gemma[5], "met")
+        # Work in other processes is not CPU time lost to a busy machine.
+        self.assertIsNone(section(text, "Warnings"), text)
+
+    def test_a_slower_run_misses_the_target(self):
+        text, _ = self.make_report(self.runs(structural_rate=8_000))
+        rows = table_rows(section(text, "Targets"))
+        structural = next(v for k, v in rows.items() if k.startswith("structural"))
+        self.assertEqual(structural[5], "**not met**")
+
+    def test_recorded_command_times_are_rows(self):
+        record = os.path.join(TOOLS, "record_times.py")
+        test_times, main_times = self.path("test-times.json"), self.path("main-times.json")
+        result = run(record, test_times, "--command", "scripts/test.sh", "--fresh", "true",
+                     "--stage", "build=100,400", "--stage", "main suites=400,1000")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = run(record, main_times, "--command", "scripts/main.sh", "--fresh", "false",
+                     "--stage", "build=0,10", "--stage", "certifications=10,130")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        text, _ = self.make_report(self.runs(12_000),
+                                   extra=("--times", test_times, "--times", main_times))
+        rows = table_rows(section(text, "Targets"))
+        cold = rows["`scripts/test.sh`, fresh build folders"]
+        self.assertRegex(cold[1], r"^15\.0 min \(build 300 s, main suites 600 s; ")
+        self.assertEqual(cold[4], "≤ 15 min")
+        self.assertEqual(cold[5], "met")
+        main = rows["main job (`scripts/main.sh`)"]
+        self.assertRegex(main[1], r"^2\.2 min \(build 10 s, certifications 120 s; ")
+        self.assertEqual(main[5], "met")
+
+    def test_a_record_is_never_written_through_a_link(self):
+        target = self.path("elsewhere.json")
+        with open(target, "w") as f:
+            f.write("kept")
+        link = self.path("test-times.json")
+        os.symlink(target, link)
+        result = run(os.path.join(TOOLS, "record_times.py"), link, "--command", "scripts/test.sh",
+                     "--fresh", "true", "--stage", "build=0,1")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("not a regular file", result.stderr)
+        with open(target) as f:
+            self.assertEqual(f.read(), "kept")
+        self.assertTrue(os.path.islink(link))
+
+
 class Plot(Workdir):
     def test_without_matplotlib_the_report_is_still_written(self):
         blocker = self.path("block")
