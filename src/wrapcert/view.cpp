@@ -101,6 +101,70 @@ class WrappersOnPath {
   ska::flat_hash_map<const torch::nn::Module*, size_t> beyond_;
 };
 
+/// A node's block of edges, or an edge's `via` among the slots: offsets, as the arrays grow
+/// while a walk runs.
+struct Span {
+  size_t first = 0;
+  size_t count = 0;
+};
+
+/// A module on the walk's current path.
+struct Frame {
+  size_t node;
+  size_t edge;                 // the edge into this node (kNoEdge for the root)
+  const ChildTable* children;  // the module's own table, not a copy
+  size_t next;
+  size_t wrappers_begin;  // this frame's entries in `wrappers_on_path` start here
+};
+
+/// What a walk needs only while it runs. Each thread keeps one between walks, so that a large
+/// model's index and arrays are neither handed back to the system nor faulted in again on the
+/// next call (at 10,000 modules that was most of a walk). A walk started while another runs on
+/// the thread (a kind's `inner` viewing a module) gets a fresh one.
+struct WalkScratch {
+  ska::flat_hash_map<const torch::nn::Module*, size_t> index;  // module -> node
+  std::vector<size_t> depth_of;  // node -> its frame's depth while on the path
+  std::vector<Span> edges_of;    // per node: its block of `edges`
+  std::vector<Span> slots_of;    // per edge: its `via` in `slots`
+  std::vector<Frame> stack;
+  bool in_use = false;
+
+  void clear() {
+    index.clear();
+    depth_of.clear();
+    edges_of.clear();
+    slots_of.clear();
+    stack.clear();
+  }
+};
+thread_local WalkScratch thread_scratch;
+
+/// Lends the thread's scratch to one walk, or a fresh one to a walk within a walk. Handed back
+/// empty when the walk ends (also by exception); an index much larger than the walk needed (a
+/// larger model viewed before) is let go, as clearing it would cost every later small walk.
+class ScratchLease {
+ public:
+  ScratchLease() : scratch_(thread_scratch.in_use ? own_.emplace() : thread_scratch) {
+    scratch_.in_use = true;
+  }
+  ~ScratchLease() {
+    const size_t used = std::max(scratch_.index.size(), kIndexStart);
+    if (scratch_.index.bucket_count() > 4 * used || scratch_.depth_of.capacity() > kMostHinted) {
+      scratch_ = WalkScratch{};
+    } else {
+      scratch_.clear();
+    }
+    scratch_.in_use = false;
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  WalkScratch& operator*() { return scratch_; }
+
+ private:
+  std::optional<WalkScratch> own_;
+  WalkScratch& scratch_;
+};
+
 }  // namespace
 
 struct ModuleView::Storage {
@@ -122,31 +186,22 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   auto& slots = storage->slots;
   // Edges and slots are spans of the two arrays, which grow while the walk runs: they are
   // kept as offsets and turned into views once the walk is done.
-  struct Span {
-    size_t first = 0;
-    size_t count = 0;
-  };
-  std::vector<Span> edges_of;  // per node: its block of `edges` (a slot per child, in order)
-  std::vector<Span> slots_of;  // per edge: its `via` in `slots`
+  ScratchLease lease;
+  auto& edges_of = (*lease).edges_of;  // per node: its block of `edges` (a slot per child)
+  auto& slots_of = (*lease).slots_of;  // per edge: its `via` in `slots`
   Span root_slots;
 
   constexpr size_t kNotOnPath = static_cast<size_t>(-1);
   constexpr size_t kNoEdge = static_cast<size_t>(-1);
-  struct Frame {
-    size_t node;
-    size_t edge;                 // the edge into this node (kNoEdge for the root)
-    const ChildTable* children;  // the module's own table, not a copy
-    size_t next;
-    size_t wrappers_begin;  // this frame's entries in `wrappers_on_path` start here
-  };
-  std::vector<Frame> stack;
+  auto& stack = (*lease).stack;
   // Every module viewed -> its node; a node's frame depth while it is on the current path.
-  ska::flat_hash_map<const torch::nn::Module*, size_t> index;
+  auto& index = (*lease).index;
   // Growing from nothing rehashes it at every doubling; a model's few hundred modules fit.
   const size_t nodes_hint = std::min(std::max(last_sizes.nodes, kIndexStart), kMostHinted);
   const size_t edges_hint = std::min(last_sizes.edges, kMostHinted);
-  index.reserve(nodes_hint);
-  std::vector<size_t> depth_of;
+  // A kept index already has its room: `reserve` would rehash it to the hint's size each time.
+  if (index.bucket_count() < 2 * nodes_hint) index.reserve(nodes_hint);
+  auto& depth_of = (*lease).depth_of;
   depth_of.reserve(nodes_hint);
   view.nodes_.reserve(nodes_hint);
   edges_of.reserve(nodes_hint);

@@ -83,5 +83,44 @@ TEST(ModuleView, KeepsItsNamesAndSlotsWhenTheTreeChangesAfterwards) {
                                                    "post_attention_layernorm_of_a_long_name.bias"));
 }
 
+/// A wrapper whose kind finds its inner module by first viewing what its slot holds, as a kind
+/// whose `inner` unwraps or inspects its module would: a walk started inside a walk.
+class ViewingRelayImpl : public WrapperImpl {
+ public:
+  explicit ViewingRelayImpl(ModulePtr inner)
+      : WrapperImpl("ViewingRelay", "_viewed_module", std::move(inner)) {}
+};
+
+TEST(ModuleView, AKindThatViewsItsModuleWhileTheWalkRunsLeavesTheWalkWhole) {
+  // The walk keeps its working arrays between calls on a thread; a walk inside it must get its
+  // own, or it would overwrite the outer walk's index and path.
+  auto kind = wrapper_kind<ViewingRelayImpl>("ViewingRelay", "_viewed_module");
+  size_t inner_walks = 0;
+  kind.inner = [&inner_walks](const torch::nn::Module& wrapper) {
+    auto held = find_child(wrapper, "_viewed_module");
+    inner_walks += unwrap_reference(held).size() > 0;
+    return held;
+  };
+  const ScopedRegistration registration(kind);
+  ModulePtr root = std::make_shared<ChainImpl>();
+  for (int block = 0; block < 6; ++block) {
+    auto inner = std::make_shared<ChainImpl>();
+    for (int leaf = 0; leaf < 5; ++leaf) {
+      inner->register_module("fc" + std::to_string(leaf), torch::nn::Linear(2, 2));
+    }
+    root->register_module("block" + std::to_string(block), inner);
+  }
+  root->register_module("tied", root->named_children()["block2"]);  // shared: one node
+  const auto expected = keys(state_dict(root));
+  for (const char* path : {"block1", "block3.fc2", "block4.fc0", "block4"}) {
+    root = wrap(root, path, kind);
+  }
+  const auto view = unwrap_reference(root);
+  EXPECT_EQ(keys(view.state_dict()), expected);
+  EXPECT_GT(inner_walks, 0u);
+  // And again: the thread's arrays, left by the walk before, are cleared for the next.
+  EXPECT_EQ(keys(unwrap_reference(root).state_dict()), expected);
+}
+
 }  // namespace
 }  // namespace wrapcert
