@@ -365,80 +365,40 @@ const Case::Before& Case::before() {
   return *before_;
 }
 
+namespace {
+/// `check` on a case of its own: what the overloads taking a spec do. The properties of the
+/// kinds (P14-P16) and P8 read no subject.
+template <typename Check>
+Verdict alone(const gen::TreeSpec& spec, const UnwrapSubject& u, Check check) {
+  Case c(spec, u);
+  return check(c);
+}
+const UnwrapSubject kNoSubject;
+}  // namespace
+
 Verdict GeneratedProperty::check(const gen::TreeSpec& spec, const UnwrapSubject& u,
                                  const Translator& translator) const {
-  Case c(spec, u);
-  return check_case(c, translator);
+  return alone(spec, u, [&](Case& c) { return check_case(c, translator); });
 }
 
-Verdict exact_keys(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return exact_keys(c);
-}
-Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return identity(c);
-}
-Verdict ties(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return ties(c);
-}
-Verdict backward(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return backward(c);
-}
-Verdict non_mutation(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return non_mutation(c);
-}
-Verdict laws(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return laws(c);
-}
-Verdict legacy_agreement(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return legacy_agreement(c);
-}
-Verdict translation(const gen::TreeSpec& spec, const Translator& t) {
-  const UnwrapSubject none;
-  Case c(spec, none);
-  return translation(c, t);
-}
-Verdict no_false_positives(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return no_false_positives(c);
-}
-Verdict round_trip(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return round_trip(c);
-}
-Verdict graph_safety(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return graph_safety(c);
-}
-Verdict order(const gen::TreeSpec& spec, const UnwrapSubject& u, uint64_t shuffle_seed) {
-  Case c(spec, u);
-  return order(c, shuffle_seed);
-}
-Verdict values(const gen::TreeSpec& spec, const UnwrapSubject& u) {
-  Case c(spec, u);
-  return values(c);
-}
-Verdict release(const gen::TreeSpec& spec) {
-  const UnwrapSubject none;
-  Case c(spec, none);
-  return release(c);
-}
-Verdict owned_state(const gen::TreeSpec& spec) {
-  const UnwrapSubject none;
-  Case c(spec, none);
-  return owned_state(c);
-}
-Verdict aliases(const gen::TreeSpec& spec) {
-  const UnwrapSubject none;
-  Case c(spec, none);
-  return aliases(c);
-}
+// clang-format off
+Verdict exact_keys(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return exact_keys(c); }); }
+Verdict identity(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return identity(c); }); }
+Verdict ties(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return ties(c); }); }
+Verdict backward(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return backward(c); }); }
+Verdict non_mutation(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return non_mutation(c); }); }
+Verdict laws(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return laws(c); }); }
+Verdict legacy_agreement(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return legacy_agreement(c); }); }
+Verdict translation(const gen::TreeSpec& s, const Translator& t) { return alone(s, kNoSubject, [&](Case& c) { return translation(c, t); }); }
+Verdict no_false_positives(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return no_false_positives(c); }); }
+Verdict round_trip(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return round_trip(c); }); }
+Verdict graph_safety(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return graph_safety(c); }); }
+Verdict order(const gen::TreeSpec& s, const UnwrapSubject& u, uint64_t shuffle_seed) { return alone(s, u, [=](Case& c) { return order(c, shuffle_seed); }); }
+Verdict values(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return values(c); }); }
+Verdict release(const gen::TreeSpec& s) { return alone(s, kNoSubject, [](Case& c) { return release(c); }); }
+Verdict owned_state(const gen::TreeSpec& s) { return alone(s, kNoSubject, [](Case& c) { return owned_state(c); }); }
+Verdict aliases(const gen::TreeSpec& s) { return alone(s, kNoSubject, [](Case& c) { return aliases(c); }); }
+// clang-format on
 
 Verdict exact_keys(Case& c) {
   return guarded("P1 keys", [&] {
@@ -1079,61 +1039,63 @@ Verdict aliases(Case& c) {
 const std::vector<GeneratedProperty>& generated_properties() {
   static const std::vector<GeneratedProperty> table = [] {
     using Stage = GeneratedProperty::Stage;
-    auto on_case = [](Verdict (*fn)(Case&)) {
+    using Check = std::function<Verdict(Case&, const Translator&)>;
+    auto on_case = [](Verdict (*fn)(Case&)) -> Check {
       return [fn](Case& c, const Translator&) { return fn(c); };
     };
     auto any = [](gen::GenOptions&) {};
-    auto property = [&](std::string name, std::string checks, Verdict (*fn)(Case&),
+    auto property = [&](std::string name, std::string checks, Check check,
                         Stage stage = Stage::kWhileUnwrapped, bool numeric = false) {
       GeneratedProperty p;
       p.name = std::move(name);
       p.checks = std::move(checks);
-      p.check_case = on_case(fn);
+      p.check_case = std::move(check);
       p.adjust = any;
       p.numeric = numeric;
       p.stage = stage;
       return p;
     };
     std::vector<GeneratedProperty> table{
-        property("P1 keys", "the unwrapped keys are the model's, in order", exact_keys),
-        property("P2 identity", "every tensor is the model's own", identity),
-        property("P3 ties", "keys share tensors as before", ties),
+        property("P1 keys", "the unwrapped keys are the model's, in order", on_case(exact_keys)),
+        property("P2 identity", "every tensor is the model's own", on_case(identity)),
+        property("P3 ties", "keys share tensors as before", on_case(ties)),
         property("P4 backward", "outputs and gradients through the wrappers and without them",
-                 backward, Stage::kBeforeUnwrapped, /*numeric=*/true),
-        property("P5 non-mutation", "the wrapped model is left as it was", non_mutation,
+                 on_case(backward), Stage::kBeforeUnwrapped, /*numeric=*/true),
+        property("P5 non-mutation", "the wrapped model is left as it was", on_case(non_mutation),
                  Stage::kEndsUnwrapped),
-        property("P6 laws", "u(M) is M; u(u(x)) is u(x)", laws),
+        property("P6 laws", "u(M) is M; u(u(x)) is u(x)", on_case(laws)),
         property("P7 legacy", "agrees with the legacy unwrap on a chain at the root",
-                 legacy_agreement),
-        property("P8 translation", "wrapped keys translate one to one to the clean keys", nullptr,
-                 Stage::kAfterUnwrapped),
+                 on_case(legacy_agreement)),
+        property(
+            "P8 translation", "wrapped keys translate one to one to the clean keys",
+            [](Case& c, const Translator& t) { return translation(c, t); }, Stage::kAfterUnwrapped),
         property("P9 no false positives", "user modules named like slots are left alone",
-                 no_false_positives),
+                 on_case(no_false_positives)),
         property("P10 round trip",
-                 "what it saves loads into a fresh model, and a fresh wrapped one", round_trip),
-        property("P11 graph safety", "a cycle is an error, not a hang", graph_safety,
+                 "what it saves loads into a fresh model, and a fresh wrapped one",
+                 on_case(round_trip)),
+        property("P11 graph safety", "a cycle is an error, not a hang", on_case(graph_safety),
                  Stage::kChangesModel),
-        property("P12 order", "every order of a wrapper stack unwraps alike", nullptr),
-        property("P13 values", "shapes, dtypes and values are the model's", values,
+        property("P12 order", "every order of a wrapper stack unwraps alike",
+                 [](Case& c, const Translator&) {
+                   return order(c, *rc::gen::arbitrary<uint64_t>());  // the shuffle, drawn here
+                 }),
+        property("P13 values", "shapes, dtypes and values are the model's", on_case(values),
                  Stage::kWhileUnwrapped, /*numeric=*/true),
-        property("P14 release", "releasing every wrapper gives back the model itself", release,
-                 Stage::kChangesModel, /*numeric=*/true),
+        property("P14 release", "releasing every wrapper gives back the model itself",
+                 on_case(release), Stage::kChangesModel, /*numeric=*/true),
         property("P15 owned state", "wrappers hold only declared state, none of it the model's",
-                 owned_state, Stage::kAfterUnwrapped),
-        property("P16 aliases", "every declared alias reaches the module in the slot", aliases,
-                 Stage::kAfterUnwrapped),
+                 on_case(owned_state), Stage::kAfterUnwrapped),
+        property("P16 aliases", "every declared alias reaches the module in the slot",
+                 on_case(aliases), Stage::kAfterUnwrapped),
     };
     auto& p7 = table[6];
     p7.adjust = [](gen::GenOptions& o) { o.root_chain_only = true; };
     p7.shares_cases = false;
-    table[7].check_case = [](Case& c, const Translator& t) { return translation(c, t); };
     auto& p9 = table[8];
     p9.adjust = [](gen::GenOptions& o) { o.wrappers = false; };
     p9.wraps = false;
     p9.shares_cases = false;
-    table[11].check_case = [](Case& c, const Translator&) {
-      return order(c, *rc::gen::arbitrary<uint64_t>());
-    };
     return table;
   }();
   return table;
