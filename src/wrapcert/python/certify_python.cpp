@@ -14,9 +14,12 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <iomanip>
@@ -243,22 +246,49 @@ struct PythonProperty {
   std::string skip = {};  ///< non-empty: nothing to compare in this run (why); no case is run
 };
 
-double parse_hex(const json& v) {
-  return std::strtod(v.get<std::string>().c_str(), nullptr);
+/// A run's values as the worker sends them: float64, little-endian, eight bytes apiece, as one
+/// hex string (exact in every dtype, NaN and infinities included).
+std::vector<double> values_of(const json& v) {
+  const auto& text = v.get_ref<const std::string&>();
+  if (text.size() % 16 != 0) {
+    throw std::runtime_error("the worker sent " + std::to_string(text.size()) +
+                             " hex digits of values, not a multiple of 16");
+  }
+  std::vector<double> out(text.size() / 16);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint64_t bits = 0;
+    for (size_t byte = 0; byte < 8; ++byte) {
+      const char* at = text.data() + 16 * i + 2 * byte;
+      unsigned value = 0;
+      if (std::from_chars(at, at + 2, value, 16).ptr != at + 2) {
+        throw std::runtime_error("the worker sent values that are not hex digits at value " +
+                                 std::to_string(i));
+      }
+      bits |= static_cast<uint64_t>(value) << (8 * byte);
+    }
+    std::memcpy(&out[i], &bits, sizeof bits);
+  }
+  return out;
 }
 
-/// Compares two runs' hex-float lists; empty when they agree within `tolerance`.
-std::string differs(const json& a, const json& b, double tolerance) {
+std::string hex_float(double v) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%a", v);
+  return text;
+}
+
+/// Compares two runs' values; empty when they agree within `tolerance`.
+std::string differs(const json& a_sent, const json& b_sent, double tolerance) {
+  const auto a = values_of(a_sent), b = values_of(b_sent);
   if (a.size() != b.size()) {
     return std::to_string(a.size()) + " values against " + std::to_string(b.size());
   }
   for (size_t i = 0; i < a.size(); ++i) {
-    const double x = parse_hex(a[i]), y = parse_hex(b[i]);
+    const double x = a[i], y = b[i];
     const bool same = tolerance == 0.0 ? (x == y || (std::isnan(x) && std::isnan(y)))
                                        : std::fabs(x - y) <= tolerance;
     if (!same) {
-      return "value " + std::to_string(i) + " is " + a[i].get<std::string>() + " against " +
-             b[i].get<std::string>();
+      return "value " + std::to_string(i) + " is " + hex_float(x) + " against " + hex_float(y);
     }
   }
   return {};
@@ -385,9 +415,9 @@ Verdict backward_part(const std::string& p, const json& d, bool single, double t
       bool any = false;
       for (const auto& slice : slices) {
         if (!part(slice).at("grads").contains(t)) continue;
-        const auto& g = part(slice).at("grads")[t];
+        const auto g = values_of(part(slice).at("grads")[t]);
         sum.resize(g.size(), 0.0);
-        for (size_t i = 0; i < g.size(); ++i) sum[i] += parse_hex(g[i]);
+        for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
         any = true;
       }
       if (!any) continue;
@@ -426,7 +456,7 @@ Verdict backward_part(const std::string& p, const json& d, bool single, double t
         if (!r.at("grads").contains(t)) {
           return fail(p, rank + "no gradient in the wrapped run" + batch, key_of(original, t));
         }
-        const auto& got = r.at("grads")[t];
+        const auto got = values_of(r.at("grads")[t]);
         const auto& table = d.at("tensors");
         const auto index = std::stoul(t);
         const double eps =
@@ -440,7 +470,7 @@ Verdict backward_part(const std::string& p, const json& d, bool single, double t
           bool all = true;
           double at = 0;
           for (size_t i = 0; i < got.size(); ++i) {
-            const double diff = std::fabs(parse_hex(got[i]) - scale * want[i]);
+            const double diff = std::fabs(got[i] - scale * want[i]);
             at = std::max(at, diff);
             all = all && diff <= bound * (std::fabs(scale * want[i]) + 1.0) + tolerance;
           }
