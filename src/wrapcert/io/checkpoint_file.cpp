@@ -33,11 +33,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-[[noreturn]] void damaged(const std::string& path, const std::string& key,
-                          const std::string& what) {
-  throw Error(ErrorCode::kMalformedInput, key, path + ": " + what);
-}
-
 [[noreturn]] void refuse(const std::string& path, const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, path, what);
 }
@@ -79,7 +74,8 @@ Checkpoint merge(std::vector<Checkpoint> parts, const std::string& where) {
   for (auto& part : parts) {
     if (out.format.empty()) out.format = part.format;
     if (part.format != out.format) {
-      damaged(where, "", "shards of different formats (" + out.format + ", " + part.format + ")");
+      throw detail::malformed_file(
+          where, "shards of different formats (" + out.format + ", " + part.format + ")");
     }
     if (out.shards.empty()) {
       out.entry = part.entry;
@@ -89,7 +85,8 @@ Checkpoint merge(std::vector<Checkpoint> parts, const std::string& where) {
     for (const auto& item : part.state) {
       const auto [it, fresh] = shard_of.emplace(item.key(), file);
       if (!fresh)
-        damaged(where, item.key(), "the key is in two shards: " + it->second + " and " + file);
+        throw detail::malformed_file(
+            where, "the key is in two shards: " + it->second + " and " + file, item.key());
       out.state.insert(item.key(), item.value());
     }
     out.shards.push_back(std::move(part.shards.front()));
@@ -101,7 +98,7 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
   std::string text;
   {
     const detail::InputFile in(path);
-    if (in.size() > kMaxIndex) damaged(path, "", "an index larger than 100 MiB");
+    if (in.size() > kMaxIndex) throw detail::malformed_file(path, "an index larger than 100 MiB");
     text.resize(in.size());
     in.read_at(0, text.data(), text.size());
   }
@@ -120,17 +117,19 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
     for (const auto& item : part.state) {
       const auto it = placed.find(item.key());
       if (it == placed.end()) {
-        damaged(path, item.key(),
-                "the key is in shard " + file + " but missing from the weight_map");
+        throw detail::malformed_file(
+            path, "the key is in shard " + file + " but missing from the weight_map", item.key());
       }
       if (it->second != file) {
-        damaged(path, item.key(),
-                "the key is in shard " + file + " but the weight_map places it in " + it->second);
+        throw detail::malformed_file(
+            path, "the key is in shard " + file + " but the weight_map places it in " + it->second,
+            item.key());
       }
     }
     for (const auto& [key, shard] : weight_map) {
       if (shard == file && !part.state.contains(key)) {
-        damaged(path, key, "the weight_map places the key in shard " + file + ", which lacks it");
+        throw detail::malformed_file(
+            path, "the weight_map places the key in shard " + file + ", which lacks it", key);
       }
     }
     parts.push_back(std::move(part));
@@ -244,9 +243,9 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   };
   prefer_safetensors(indexes, "index");
   if (indexes.size() > 1) {
-    damaged(path, "",
-            "a folder with " + std::to_string(indexes.size()) +
-                " index files; name the one to read (" + indexes[0] + ", " + indexes[1] + ")");
+    throw detail::malformed_file(path, "a folder with " + std::to_string(indexes.size()) +
+                                           " index files; name the one to read (" + indexes[0] +
+                                           ", " + indexes[1] + ")");
   }
   if (indexes.size() == 1) {
     auto out = read_index(indexes.front(), options);
@@ -275,10 +274,10 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
     shards = {model_states.front()};
   }
   if (shards.empty()) {
-    damaged(path, "",
-            "a folder with no checkpoint file and no index" +
-                (training_state.empty() ? std::string()
-                                        : " (only training state: " + training_state[0] + ")"));
+    throw detail::malformed_file(
+        path, "a folder with no checkpoint file and no index" +
+                  (training_state.empty() ? std::string()
+                                          : " (only training state: " + training_state[0] + ")"));
   }
   std::vector<Checkpoint> parts;
   parts.reserve(shards.size());
@@ -449,18 +448,20 @@ std::vector<std::pair<std::string, std::string>> parse_shard_index(const std::st
                                                                    const std::string& path) {
   const auto j = parse_json_strictly(text, path, "the index");
   if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
-    damaged(path, "", "an index needs a \"weight_map\" object");
+    throw detail::malformed_file(path, "an index needs a \"weight_map\" object");
   }
   if (j.contains("metadata") && !j.at("metadata").is_object()) {
-    damaged(path, "metadata", "the index's metadata is not an object");
+    throw detail::malformed_file(path, "the index's metadata is not an object", "metadata");
   }
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [key, value] : j.at("weight_map").items()) {
-    if (!value.is_string()) damaged(path, key, "the weight_map names no shard file for the key");
+    if (!value.is_string())
+      throw detail::malformed_file(path, "the weight_map names no shard file for the key", key);
     const auto file = value.get<std::string>();
     if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
         file.find('\0') != std::string::npos) {
-      damaged(path, key, "the shard '" + file + "' is not a file name in the index's folder");
+      throw detail::malformed_file(
+          path, "the shard '" + file + "' is not a file name in the index's folder", key);
     }
     out.emplace_back(key, file);
   }

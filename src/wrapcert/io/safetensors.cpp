@@ -32,30 +32,27 @@ const std::vector<std::pair<std::string, c10::ScalarType>>& dtypes() {
   return table;
 }
 
-Error damaged(const std::string& path, const std::string& key, const std::string& what) {
-  return Error(ErrorCode::kMalformedInput, key, path + ": " + what);
-}
-
 }  // namespace
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
   const detail::InputFile in(path);
   SafetensorsHeader header;
   header.file_size = in.size();
-  if (header.file_size < 8) throw damaged(path, "", "shorter than the 8-byte header length");
+  if (header.file_size < 8)
+    throw detail::malformed_file(path, "shorter than the 8-byte header length");
   unsigned char length_bytes[8];
   in.read_at(0, length_bytes, 8);
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
   if (length > kMaxHeader) {
-    throw damaged(path, "",
-                  "header length " + std::to_string(length) + " exceeds the limit of " +
-                      std::to_string(kMaxHeader) + " bytes");
+    throw detail::malformed_file(path, "header length " + std::to_string(length) +
+                                           " exceeds the limit of " + std::to_string(kMaxHeader) +
+                                           " bytes");
   }
   if (length > header.file_size - 8) {
-    throw damaged(path, "",
-                  "header length " + std::to_string(length) + " exceeds the file (" +
-                      std::to_string(header.file_size) + " bytes)");
+    throw detail::malformed_file(path, "header length " + std::to_string(length) +
+                                           " exceeds the file (" +
+                                           std::to_string(header.file_size) + " bytes)");
   }
   std::string text(length, '\0');
   in.read_at(8, text.data(), length);
@@ -63,61 +60,67 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   const uint64_t data_size = header.file_size - header.data_offset;
 
   const auto j = detail::parse_json_strictly(text, path, "the header");
-  if (!j.is_object()) throw damaged(path, "", "the header is not a JSON object");
+  if (!j.is_object()) throw detail::malformed_file(path, "the header is not a JSON object");
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [key, value] : j.items()) {
     if (key == "__metadata__") {
-      if (!value.is_object()) throw damaged(path, key, "__metadata__ is not an object");
+      if (!value.is_object())
+        throw detail::malformed_file(path, "__metadata__ is not an object", key);
       for (const auto& [k, v] : value.items()) {
-        if (!v.is_string()) throw damaged(path, key + "." + k, "metadata values must be strings");
+        if (!v.is_string())
+          throw detail::malformed_file(path, "metadata values must be strings", key + "." + k);
         header.metadata[k] = v.get<std::string>();
       }
       continue;
     }
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets")) {
-      throw damaged(path, key, "an entry needs dtype, shape and data_offsets");
+      throw detail::malformed_file(path, "an entry needs dtype, shape and data_offsets", key);
     }
     SafetensorsEntry entry;
     entry.key = key;
     const auto dtype_name = value["dtype"].is_string() ? value["dtype"].get<std::string>() : "";
     const auto found = std::find_if(dtypes().begin(), dtypes().end(),
                                     [&](const auto& d) { return d.first == dtype_name; });
-    if (found == dtypes().end()) throw damaged(path, key, "unknown dtype '" + dtype_name + "'");
+    if (found == dtypes().end())
+      throw detail::malformed_file(path, "unknown dtype '" + dtype_name + "'", key);
     entry.dtype = found->second;
-    if (!value["shape"].is_array()) throw damaged(path, key, "shape is not a list");
+    if (!value["shape"].is_array()) throw detail::malformed_file(path, "shape is not a list", key);
     uint64_t numel = 1;
     for (const auto& d : value["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        throw damaged(path, key, "shape holds something other than a non-negative integer");
+        throw detail::malformed_file(
+            path, "shape holds something other than a non-negative integer", key);
       }
       entry.shape.push_back(d.get<int64_t>());
       if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d.get<int64_t>()), &numel)) {
-        throw damaged(path, key, "the shape's element count overflows");
+        throw detail::malformed_file(path, "the shape's element count overflows", key);
       }
     }
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      throw damaged(path, key, "data_offsets must be two non-negative integers");
+      throw detail::malformed_file(path, "data_offsets must be two non-negative integers", key);
     }
     entry.begin = offsets[0].get<uint64_t>();
     entry.end = offsets[1].get<uint64_t>();
     if (entry.begin > entry.end || entry.end > data_size) {
-      throw damaged(path, key,
-                    "data offsets [" + std::to_string(entry.begin) + ", " +
-                        std::to_string(entry.end) + ") lie outside the " +
-                        std::to_string(data_size) + "-byte data section");
+      throw detail::malformed_file(path,
+                                   "data offsets [" + std::to_string(entry.begin) + ", " +
+                                       std::to_string(entry.end) + ") lie outside the " +
+                                       std::to_string(data_size) + "-byte data section",
+                                   key);
     }
     uint64_t bytes = 0;
     if (__builtin_mul_overflow(numel, c10::elementSize(entry.dtype), &bytes) ||
         numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      throw damaged(path, key, "the shape's size in bytes overflows");
+      throw detail::malformed_file(path, "the shape's size in bytes overflows", key);
     }
     if (entry.end - entry.begin != bytes) {
-      throw damaged(path, key,
-                    "data offsets span " + std::to_string(entry.end - entry.begin) +
-                        " bytes, the dtype and shape need " + std::to_string(bytes));
+      throw detail::malformed_file(path,
+                                   "data offsets span " + std::to_string(entry.end - entry.begin) +
+                                       " bytes, the dtype and shape need " + std::to_string(bytes),
+                                   key);
     }
     ranges.emplace_back(entry.begin, entry.end);
     header.tensors.push_back(std::move(entry));
@@ -132,11 +135,12 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   for (size_t i : order) {
     const auto& cur = header.tensors[i];
     if (cur.begin < end && cur.begin != cur.end) {
-      throw damaged(path, cur.key, "its data overlaps '" + before->key + "'");
+      throw detail::malformed_file(path, "its data overlaps '" + before->key + "'", cur.key);
     }
     if (cur.begin > end) {
-      throw damaged(path, cur.key,
-                    std::to_string(cur.begin - end) + " bytes before its data belong to no tensor");
+      throw detail::malformed_file(
+          path, std::to_string(cur.begin - end) + " bytes before its data belong to no tensor",
+          cur.key);
     }
     if (cur.end > end) {
       end = cur.end;
@@ -144,9 +148,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
     }
   }
   if (end != data_size) {
-    throw damaged(path, "",
-                  std::to_string(data_size - end) +
-                      " bytes follow the last tensor's data and belong to no tensor");
+    throw detail::malformed_file(
+        path, std::to_string(data_size - end) +
+                  " bytes follow the last tensor's data and belong to no tensor");
   }
   return header;
 }
@@ -165,23 +169,28 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
     std::vector<std::tuple<size_t, std::string, std::string>> tied;
     try {
       const auto alias = nlohmann::json::parse(aliases->second);
-      if (!alias.is_object()) throw damaged(path, "__metadata__", "wrapcert.aliases is no object");
+      if (!alias.is_object())
+        throw detail::malformed_file(path, "wrapcert.aliases is no object", "__metadata__");
       for (const auto& [key, value] : alias.items()) {
         if (!value.is_array() || value.size() != 2 || !value[0].is_string() ||
             !value[1].is_number_unsigned()) {
-          throw damaged(path, key, "a wrapcert alias is not [target, position]");
+          throw detail::malformed_file(path, "a wrapcert alias is not [target, position]", key);
         }
         const auto target = value[0].get<std::string>();
-        if (!stored.count(target)) throw damaged(path, key, "an alias of a tensor the file lacks");
-        if (stored.count(key)) throw damaged(path, key, "both stored and listed as an alias");
+        if (!stored.count(target))
+          throw detail::malformed_file(path, "an alias of a tensor the file lacks", key);
+        if (stored.count(key))
+          throw detail::malformed_file(path, "both stored and listed as an alias", key);
         tied.emplace_back(value[1].get<size_t>(), key, target);
       }
     } catch (const nlohmann::json::exception& e) {
-      throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
+      throw detail::malformed_file(path, std::string("wrapcert metadata is damaged: ") + e.what(),
+                                   "__metadata__");
     }
     std::sort(tied.begin(), tied.end());
     for (const auto& [position, key, target] : tied) {
-      if (position > out.size()) throw damaged(path, key, "an alias placed past the last key");
+      if (position > out.size())
+        throw detail::malformed_file(path, "an alias placed past the last key", key);
       out.insert(out.begin() + static_cast<std::ptrdiff_t>(position), {key, target});
     }
     return out;
@@ -197,19 +206,23 @@ std::vector<std::pair<std::string, std::string>> saved_keys(const SafetensorsHea
     for (const auto& k : keys) {
       const auto key = k.get<std::string>();
       const auto target = alias.contains(key) ? alias[key].get<std::string>() : key;
-      if (!stored.count(target)) throw damaged(path, key, "an alias of a tensor the file lacks");
-      if (!seen.insert(key).second) throw damaged(path, key, "the key is listed twice");
+      if (!stored.count(target))
+        throw detail::malformed_file(path, "an alias of a tensor the file lacks", key);
+      if (!seen.insert(key).second)
+        throw detail::malformed_file(path, "the key is listed twice", key);
       out.emplace_back(key, target);
     }
   } catch (const nlohmann::json::exception& e) {
-    throw damaged(path, "__metadata__", std::string("wrapcert metadata is damaged: ") + e.what());
+    throw detail::malformed_file(path, std::string("wrapcert metadata is damaged: ") + e.what(),
+                                 "__metadata__");
   }
   // The listing may not hide a stored tensor: each is saved under some key.
   std::unordered_set<std::string> reached;
   for (const auto& [key, target] : out) reached.insert(target);
   for (const auto& e : header.tensors) {
     if (!reached.count(e.key)) {
-      throw damaged(path, e.key, "stored in the file but missing from wrapcert.order");
+      throw detail::malformed_file(path, "stored in the file but missing from wrapcert.order",
+                                   e.key);
     }
   }
   return out;

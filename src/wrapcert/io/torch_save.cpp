@@ -699,11 +699,6 @@ std::string rename_pickled_keys(const char* data, const PickledStateDict& pickle
 
 namespace {
 
-[[noreturn]] void damaged(const std::string& path, const std::string& what,
-                          const std::string& key = "") {
-  throw Error(ErrorCode::kMalformedInput, key, path + ": " + what);
-}
-
 /// The zip archive `torch.save` writes: records under one folder ("archive/data.pkl",
 /// "archive/data/0"), stored uncompressed. Read through libzip with its consistency checks; a
 /// record's CRC is checked when it is read whole.
@@ -717,13 +712,15 @@ class ZipArchive {
       zip_error_init_with_code(&error, err);
       const std::string what = zip_error_strerror(&error);
       zip_error_fini(&error);
-      damaged(path_, "not a readable torch.save zip archive (" + what + ")");
+      throw detail::malformed_file(path_, "not a readable torch.save zip archive (" + what + ")");
     }
     file.release();  // libzip owns the descriptor now
-    if (::zip_get_num_entries(zip_, 0) < 1) damaged(path_, "an empty zip archive");
+    if (::zip_get_num_entries(zip_, 0) < 1)
+      throw detail::malformed_file(path_, "an empty zip archive");
     const std::string first = ::zip_get_name(zip_, 0, ZIP_FL_ENC_RAW);
     const auto slash = first.find('/');
-    if (slash == std::string::npos) damaged(path_, "a zip archive without torch.save's folder");
+    if (slash == std::string::npos)
+      throw detail::malformed_file(path_, "a zip archive without torch.save's folder");
     prefix_ = first.substr(0, slash + 1);
   }
   ~ZipArchive() {
@@ -740,7 +737,8 @@ class ZipArchive {
     for (zip_int64_t i = 0; i < n; ++i) {
       const std::string name = ::zip_get_name(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
       if (name.compare(0, prefix_.size(), prefix_) != 0) {
-        damaged(path_, "record " + name + " lies outside the archive's folder " + prefix_);
+        throw detail::malformed_file(
+            path_, "record " + name + " lies outside the archive's folder " + prefix_);
       }
       out.push_back(name.substr(prefix_.size()));
     }
@@ -757,7 +755,7 @@ class ZipArchive {
 
   void read(const std::string& name, void* out, uint64_t n) const {
     zip_file_t* f = ::zip_fopen(zip_, (prefix_ + name).c_str(), ZIP_FL_ENC_RAW);
-    if (!f) damaged(path_, "the archive lacks record " + name);
+    if (!f) throw detail::malformed_file(path_, "the archive lacks record " + name);
     auto* bytes = static_cast<char*>(out);
     uint64_t done = 0;
     char extra = 0;
@@ -772,12 +770,13 @@ class ZipArchive {
     const std::string what = ok ? "" : ::zip_strerror(zip_);
     const std::string file_error = ok ? "" : ::zip_file_strerror(f);
     ::zip_fclose(f);
-    if (!ok) damaged(path_, "record " + name + " is damaged (" + file_error + ")");
+    if (!ok)
+      throw detail::malformed_file(path_, "record " + name + " is damaged (" + file_error + ")");
   }
 
   std::string read_all(const std::string& name) const {
     const auto n = size(name);
-    if (n < 0) damaged(path_, "the archive lacks record " + name);
+    if (n < 0) throw detail::malformed_file(path_, "the archive lacks record " + name);
     std::string out(static_cast<size_t>(n), '\0');
     read(name, out.data(), static_cast<uint64_t>(n));
     return out;
@@ -834,11 +833,12 @@ TorchSaveFile read_zip(detail::InputFile& file, const TorchSaveOptions& options)
   for (const auto& s : pickled.storages) {
     const auto want = static_cast<int64_t>(s.numel * c10::elementSize(s.dtype));
     const auto have = archive.size("data/" + s.key);
-    if (have < 0) damaged(path, "the archive lacks storage data/" + s.key);
+    if (have < 0) throw detail::malformed_file(path, "the archive lacks storage data/" + s.key);
     if (have != want) {
-      damaged(path, "storage data/" + s.key + " holds " + std::to_string(have) + " bytes, not " +
-                        std::to_string(s.numel) + " elements of " +
-                        std::to_string(c10::elementSize(s.dtype)));
+      throw detail::malformed_file(path, "storage data/" + s.key + " holds " +
+                                             std::to_string(have) + " bytes, not " +
+                                             std::to_string(s.numel) + " elements of " +
+                                             std::to_string(c10::elementSize(s.dtype)));
     }
   }
   TorchSaveFile out{StateDict(), "torch.save zip", pickled.entry, pickled.other_entries};
@@ -866,7 +866,7 @@ size_t legacy_object_start(const detail::MappedFile& map, const std::string& pat
   size_t pos = sizeof kLegacyMagic;
   next_pickle(map, path, pos, [&](const Value* version) {
     if (version->kind != Value::Kind::kInt || version->i != 1001) {
-      damaged(path, "a legacy torch.save file of an unknown protocol version");
+      throw detail::malformed_file(path, "a legacy torch.save file of an unknown protocol version");
     }
   });
   next_pickle(map, path, pos, [&](const Value* info) {
@@ -889,9 +889,11 @@ TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& optio
   pos += pickled.end;
   std::vector<std::string> order;
   next_pickle(map, path, pos, [&](const Value* keys) {
-    if (keys->kind != Value::Kind::kList) damaged(path, "the storage key list is missing");
+    if (keys->kind != Value::Kind::kList)
+      throw detail::malformed_file(path, "the storage key list is missing");
     for (const auto* k : keys->items) {
-      if (k->kind != Value::Kind::kString) damaged(path, "a storage key that is not a string");
+      if (k->kind != Value::Kind::kString)
+        throw detail::malformed_file(path, "a storage key that is not a string");
       order.push_back(k->s);
     }
   });
@@ -903,29 +905,35 @@ TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& optio
   for (const auto& key : order) {
     const auto it = index.find(key);
     if (it == index.end() || seen[it->second]) {
-      damaged(path, "the storage key list names storage " + key +
-                        (it == index.end() ? ", which the pickle does not" : " twice"));
+      throw detail::malformed_file(
+          path, "the storage key list names storage " + key +
+                    (it == index.end() ? ", which the pickle does not" : " twice"));
     }
     const auto& s = pickled.storages[it->second];
     uint64_t count = 0;
-    if (map.size() - pos < 8) damaged(path, "the file ends before storage " + key);
+    if (map.size() - pos < 8)
+      throw detail::malformed_file(path, "the file ends before storage " + key);
     for (int b = 7; b >= 0; --b)
       count = (count << 8) | static_cast<unsigned char>(map.data()[pos + b]);
     if (count != static_cast<uint64_t>(s.numel)) {
-      damaged(path, "storage " + key + " holds " + std::to_string(count) + " elements, not " +
-                        std::to_string(s.numel));
+      throw detail::malformed_file(path, "storage " + key + " holds " + std::to_string(count) +
+                                             " elements, not " + std::to_string(s.numel));
     }
     const uint64_t bytes = count * c10::elementSize(s.dtype);
-    if (map.size() - pos - 8 < bytes) damaged(path, "the file ends inside storage " + key);
+    if (map.size() - pos - 8 < bytes)
+      throw detail::malformed_file(path, "the file ends inside storage " + key);
     offset[it->second] = pos + 8;
     seen[it->second] = true;
     pos += 8 + bytes;
   }
   for (size_t s = 0; s < seen.size(); ++s) {
-    if (!seen[s]) damaged(path, "the file lacks the data of storage " + pickled.storages[s].key);
+    if (!seen[s])
+      throw detail::malformed_file(path,
+                                   "the file lacks the data of storage " + pickled.storages[s].key);
   }
   if (pos != map.size()) {
-    damaged(path, std::to_string(map.size() - pos) + " bytes follow the last storage");
+    throw detail::malformed_file(
+        path, std::to_string(map.size() - pos) + " bytes follow the last storage");
   }
   TorchSaveFile out{StateDict(), "torch.save legacy", pickled.entry, pickled.other_entries};
   out.state = !options.data ? std::move(pickled.state)
@@ -955,9 +963,10 @@ TorchSaveFile read_torch_save(const std::string& path, const TorchSaveOptions& o
                       "read; load it in Python and save it again");
     }
   }
-  damaged(path,
-          "not a torch.save file (neither the zip archive of PyTorch >= 1.6 nor the legacy "
-          "format)");
+  throw detail::malformed_file(
+      path,
+      "not a torch.save file (neither the zip archive of PyTorch >= 1.6 nor the legacy "
+      "format)");
 }
 
 StateDict load_torch_save(const std::string& path) {
@@ -1113,7 +1122,8 @@ void rewrite_zip(detail::InputFile& file, const std::string& destination,
         const auto text = archive.read_all(name);
         char* end = nullptr;
         const auto v = std::strtoull(text.c_str(), &end, 10);
-        if (end == text.c_str()) damaged(path, "record " + name + " holds no version number");
+        if (end == text.c_str())
+          throw detail::malformed_file(path, "record " + name + " holds no version number");
         version = std::max<uint64_t>(version, v);
       } else if (!name.empty() && name.back() != '/') {  // folders are implied by their records
         const auto bytes = archive.read_all(name);       // one record in memory at a time
@@ -1153,7 +1163,7 @@ void rewrite_torch_save(const std::string& source, const std::string& destinatio
     return rewrite_legacy(file, destination, renames, entry);
   }
   (void)read_torch_save(source, {false, entry});  // names what the file is instead
-  damaged(source, "not a torch.save file");
+  throw detail::malformed_file(source, "not a torch.save file");
 }
 
 void save_torch_save(const std::string& path, const StateDict& state) {

@@ -30,7 +30,7 @@ std::string file(const std::string& name) {
   return test_support::golden_dir() + "/torch_save/" + name;
 }
 
-nlohmann::json expected() {
+nlohmann::json expected_reads() {
   std::ifstream in(file("expected.json"));
   return nlohmann::json::parse(in);
 }
@@ -39,7 +39,7 @@ class TorchSave : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TorchSave, ReadsWhatPythonSavedKeysShapesDtypesValuesAndTies) {
   const auto state = load_torch_save(file(GetParam()));
-  const auto want = expected();
+  const auto want = expected_reads();
   EXPECT_EQ(keys(state), want["keys"].get<std::vector<std::string>>());
   for (const auto& item : state) {
     const auto& w = want["tensors"][item.key()];

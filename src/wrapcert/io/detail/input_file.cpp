@@ -11,6 +11,10 @@
 
 namespace wrapcert::detail {
 
+Error malformed_file(const std::string& path, const std::string& what, const std::string& key) {
+  return Error(ErrorCode::kMalformedInput, key, path + ": " + what);
+}
+
 std::string describe_file_type(mode_t mode) {
   if (S_ISREG(mode)) return "a regular file";
   if (S_ISDIR(mode)) return "a directory";

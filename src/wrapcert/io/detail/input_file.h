@@ -13,7 +13,17 @@
 #include <cstdint>
 #include <string>
 
+namespace wrapcert {
+class Error;
+}
+
 namespace wrapcert::detail {
+
+/// The error for a file that is not what it claims to be (kMalformedInput): the file's path and
+/// what is wrong, and the key at fault where one is.
+///
+///   throw detail::malformed_file(path, "the header is not a JSON object");
+Error malformed_file(const std::string& path, const std::string& what, const std::string& key = "");
 
 /// "a FIFO", "a directory", "a character device", ... for `st_mode`.
 std::string describe_file_type(mode_t mode);
