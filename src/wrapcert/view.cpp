@@ -27,32 +27,6 @@ bool persistent(const torch::nn::Module& module, const std::string& buffer) {
   return !detail::has_mark(module, detail::non_persistent_mark(buffer));
 }
 
-/// Names and slots of a view: copied into chunks that never move, so views into them stay valid
-/// while the view's storage lives (the modules' own keys may change or go).
-class TextArena {
- public:
-  std::string_view copy(std::string_view text) {
-    if (text.empty()) return {};
-    if (text.size() > free_) {
-      const size_t size = std::max(kChunk, text.size());
-      chunks_.emplace_back(new char[size]);
-      next_ = chunks_.back().get();
-      free_ = size;
-    }
-    std::memcpy(next_, text.data(), text.size());
-    const std::string_view copied(next_, text.size());
-    next_ += text.size();
-    free_ -= text.size();
-    return copied;
-  }
-
- private:
-  static constexpr size_t kChunk = 4096;
-  std::vector<std::unique_ptr<char[]>> chunks_;
-  char* next_ = nullptr;
-  size_t free_ = 0;
-};
-
 /// Room the module index starts with: a decoder model of a few hundred modules never rehashes.
 constexpr size_t kIndexStart = 512;
 
@@ -123,6 +97,7 @@ struct Frame {
 /// the thread (a kind's `inner` viewing a module) gets a fresh one.
 struct WalkScratch {
   ska::flat_hash_map<const torch::nn::Module*, size_t> index;  // module -> node
+  std::vector<const torch::nn::Module*> indexed;               // its keys, as inserted
   std::vector<size_t> depth_of;  // node -> its frame's depth while on the path
   std::vector<Span> edges_of;    // per node: its block of `edges`
   std::vector<Span> slots_of;    // per edge: its `via` in `slots`
@@ -130,7 +105,14 @@ struct WalkScratch {
   bool in_use = false;
 
   void clear() {
-    index.clear();
+    // Clearing the table visits every bucket: a walk far smaller than the table's room (a small
+    // tree, viewed again and again) erases its own keys instead.
+    if (8 * indexed.size() < index.bucket_count()) {
+      for (const auto* module : indexed) index.erase(module);
+    } else {
+      index.clear();
+    }
+    indexed.clear();
     depth_of.clear();
     edges_of.clear();
     slots_of.clear();
@@ -168,6 +150,32 @@ class ScratchLease {
 }  // namespace
 
 struct ModuleView::Storage {
+  /// Names and slots of a view: copied into chunks that never move, so views into them stay valid
+  /// while the view's storage lives (the modules' own keys may change or go).
+  class TextArena {
+   public:
+    std::string_view copy(std::string_view text) {
+      if (text.empty()) return {};
+      if (text.size() > free_) {
+        const size_t size = std::max(kChunk, text.size());
+        chunks_.emplace_back(new char[size]);
+        next_ = chunks_.back().get();
+        free_ = size;
+      }
+      std::memcpy(next_, text.data(), text.size());
+      const std::string_view copied(next_, text.size());
+      next_ += text.size();
+      free_ -= text.size();
+      return copied;
+    }
+
+   private:
+    static constexpr size_t kChunk = 4096;
+    std::vector<std::unique_ptr<char[]>> chunks_;
+    char* next_ = nullptr;
+    size_t free_ = 0;
+  };
+
   TextArena text;
   std::vector<Edge> edges;              // each node's edges together, in registration order
   std::vector<std::string_view> slots;  // the root's `via`, then each edge's, together
@@ -196,6 +204,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   auto& stack = (*lease).stack;
   // Every module viewed -> its node; a node's frame depth while it is on the current path.
   auto& index = (*lease).index;
+  auto& indexed = (*lease).indexed;
   // Growing from nothing rehashes it at every doubling; a model's few hundred modules fit.
   const size_t nodes_hint = std::min(std::max(last_sizes.nodes, kIndexStart), kMostHinted);
   const size_t edges_hint = std::min(last_sizes.edges, kMostHinted);
@@ -257,6 +266,7 @@ ModuleView ModuleView::build(const ModulePtr& root, const SeeThrough& see_throug
   auto push = [&](ModulePtr module, size_t edge, size_t wrappers_begin) {
     const size_t node = view.nodes_.size();
     index.emplace(module.get(), node);
+    indexed.push_back(module.get());
     depth_of.push_back(stack.size());
     const ChildTable& children = child_table(*module);
     // The children are met next: ask memory for them now, not one at a time as the walk

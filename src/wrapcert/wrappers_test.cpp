@@ -32,13 +32,13 @@ ModulePtr tiny(const fixtures::CausalLMConfig& config, uint64_t seed = 5) {
   return make_causal_lm(config, {c10::kCPU, c10::kDouble, seed});
 }
 
-torch::Tensor tokens() {
+torch::Tensor step_tokens() {
   return torch::tensor({{4, 8, 15, 16, 23, 42}}, torch::kLong);
 }
 
 /// Gradients of every parameter after one backward of the mean squared logits.
 std::vector<torch::Tensor> grads_after_step(const ModulePtr& run, const ModulePtr& model) {
-  call(*run, tokens()).pow(2).mean().backward();
+  call(*run, step_tokens()).pow(2).mean().backward();
   std::vector<torch::Tensor> grads;
   for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
   return grads;
@@ -147,20 +147,20 @@ TEST(SpmdFullyShardedDataParallel, CallsShardOutputOnTheOutput) {
   FsdpV2RecipeOptions options;
   options.shard_output = [&seen](const torch::Tensor& out) { seen = out.sizes().vec(); };
   auto wrapped = fsdp_v2_recipe(tiny(tiny_gemma()), tiny_gemma().no_split_modules(), options);
-  (void)call(*wrapped, tokens());
+  (void)call(*wrapped, step_tokens());
   EXPECT_EQ(seen, (std::vector<int64_t>{1, 6, tiny_gemma().vocab_size}));
 }
 
 TEST(Fp32OutputWrapper, ChangesOutputsButNotTheUnwrappedModel) {
   auto model = tiny(tiny_gemma());
-  const auto original = call(*model, tokens());
+  const auto original = call(*model, step_tokens());
   auto wrapped = wrap(model, "", "Fp32OutputWrapper");
   EXPECT_EQ(Registry::global().find(*wrapped)->numerics, Numerics::kChangesOutput);
-  const auto out = call(*wrapped, tokens());
+  const auto out = call(*wrapped, step_tokens());
   EXPECT_EQ(out.scalar_type(), torch::kFloat);
   EXPECT_FALSE(out.to(torch::kDouble).equal(original)) << "float32 rounding is visible";
   ScopedUnwrap scope(wrapped);
-  EXPECT_TRUE(call(*scope.root(), tokens()).equal(original));
+  EXPECT_TRUE(call(*scope.root(), step_tokens()).equal(original));
 }
 
 TEST(FullyShardedDataParallel, ModuleSkipsACheckpointWrapperDirectlyUnder) {
@@ -215,9 +215,9 @@ TEST(FullyShardedDataParallel, FlatParameterReplacesTheOriginalsInKeys) {
 TEST(FullyShardedDataParallel, FlatRunIsBitwiseEqualAndGradientsReachTheFlatParameter) {
   auto plain = tiny(tiny_mistral(), 9);
   auto [model, fsdp] = flat_wrapped(9);
-  EXPECT_TRUE(call(*model, tokens()).equal(call(*plain, tokens())));
-  call(*model, tokens()).pow(2).mean().backward();
-  call(*plain, tokens()).pow(2).mean().backward();
+  EXPECT_TRUE(call(*model, step_tokens()).equal(call(*plain, step_tokens())));
+  call(*model, step_tokens()).pow(2).mean().backward();
+  call(*plain, step_tokens()).pow(2).mean().backward();
   const auto flat_grad = fsdp->named_parameters()["_flat_param"].grad();
   ASSERT_TRUE(flat_grad.defined());
   std::vector<torch::Tensor> expected;
@@ -255,7 +255,7 @@ TEST(FullyShardedDataParallel, UnreleasedFlatModuleRefusesToRunUnwrapped) {
   // huggingface/transformers #39619, pytorch/pytorch #82461: forward on the unwrapped module.
   auto [model, fsdp] = flat_wrapped(9);
   ScopedUnwrap scope(model);
-  EXPECT_THAT([&] { (void)call(*scope.root(), tokens()); },
+  EXPECT_THAT([&] { (void)call(*scope.root(), step_tokens()); },
               ThrowsError(ErrorCode::kWrapperState, ::testing::_, ::testing::HasSubstr("release")));
 }
 
@@ -272,7 +272,7 @@ TEST(FullyShardedDataParallel, AutoWrapWithFlatParametersLeavesOnlyFlatKeys) {
   const auto view = unwrap_reference(wrapped).state_dict();
   EXPECT_EQ(keys(view), keys(original));
   EXPECT_TRUE(view["lm_head.weight"].is_same(view["model.embed_tokens.weight"])) << "P3";
-  EXPECT_TRUE(call(*wrapped, tokens()).equal(call(*tiny(tiny_gemma()), tokens())));
+  EXPECT_TRUE(call(*wrapped, step_tokens()).equal(call(*tiny(tiny_gemma()), step_tokens())));
 }
 
 // ---- DistributedDataParallel ----------------------------------------------------------------
