@@ -112,7 +112,7 @@ class Reader {
   /// Where each FRAME opcode starts (9 bytes: the opcode and a length).
   const std::vector<size_t>& frames() const { return frames_; }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw Error(ErrorCode::kMalformedInput, key, path_ + ": " + what);
+    throw detail::malformed_file(path_, what, key);
   }
 
   Ptr run() {
@@ -671,10 +671,11 @@ std::string rename_pickled_keys(const char* data, const PickledStateDict& pickle
     const auto it = to.find(item.key());
     if (it == to.end() || it->second == item.key()) continue;
     if (span.reused) {
-      throw Error(ErrorCode::kMalformedInput, item.key(),
-                  path +
-                      ": the pickle refers to the key's string elsewhere too; renaming it "
-                      "would rename that as well, so wrapcert leaves this file as it is");
+      throw detail::malformed_file(path,
+                                   "the pickle refers to the key's string elsewhere too; renaming "
+                                   "it would rename that as well, so wrapcert leaves this file as "
+                                   "it is",
+                                   item.key());
     }
     const auto n = static_cast<uint32_t>(it->second.size());
     std::string op(5, 'X');  // BINUNICODE: a 4-byte little-endian length, then UTF-8

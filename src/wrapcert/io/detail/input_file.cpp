@@ -58,10 +58,9 @@ void InputFile::read_at(uint64_t offset, void* out, size_t n) const {
     const auto got = ::pread(fd_, bytes + done, n - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
-      throw Error(ErrorCode::kMalformedInput, "",
-                  path_ + ": cannot read (" + std::strerror(errno) + ")");
+      throw malformed_file(path_, std::string("cannot read (") + std::strerror(errno) + ")");
     }
-    if (got == 0) throw Error(ErrorCode::kMalformedInput, "", path_ + ": the file ends early");
+    if (got == 0) throw malformed_file(path_, "the file ends early");
     done += static_cast<size_t>(got);
   }
 }
@@ -76,8 +75,8 @@ MappedFile::MappedFile(const InputFile& file) : size_(file.size()) {
   if (size_ == 0) return;
   void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (p == MAP_FAILED) {
-    throw Error(ErrorCode::kMalformedInput, "",
-                file.path() + ": cannot map the file (" + std::strerror(errno) + ")");
+    throw malformed_file(file.path(),
+                         std::string("cannot map the file (") + std::strerror(errno) + ")");
   }
   data_ = static_cast<const char*>(p);
 }

@@ -1,4 +1,5 @@
 #include <wrapcert/error.h>
+#include <wrapcert/io/detail/input_file.h>
 #include <wrapcert/io/detail/strict_json.h>
 
 #include <nlohmann/json.hpp>
@@ -122,12 +123,11 @@ nlohmann::ordered_json parse_json_strictly(const std::string& text, const std::s
   StrictBuilder builder;
   const bool ok = json::sax_parse(text, &builder);
   if (!ok) {
-    throw Error(ErrorCode::kMalformedInput, "",
-                path + ": " + what + " is not JSON: " + builder.error());
+    throw malformed_file(path, what + " is not JSON: " + builder.error());
   }
   if (!builder.repeated().empty()) {
-    throw Error(ErrorCode::kMalformedInput, builder.repeated(),
-                path + ": " + what + " names '" + builder.repeated() + "' twice");
+    throw malformed_file(path, what + " names '" + builder.repeated() + "' twice",
+                         builder.repeated());
   }
   return std::move(builder.result());
 }
