@@ -94,17 +94,22 @@ function(_wrapcert_unity target out_sources)
 endfunction()
 
 # Every target of wrapcert's own calls this: the warnings (never exported), the unity build, and
-# the shared precompiled headers where there are two translation units or more to use them.
+# the shared precompiled headers, also for a target of one source (they are built once; loading
+# them costs a unit about 2 s, parsing the headers again 20 s and more). A target that does not
+# use LibTorch says NO_PRECOMPILED_HEADERS; shared libraries and plugins compile without them.
 function(wrapcert_target_defaults target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_PRECOMPILED_HEADERS" "" "")
   target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:wrapcert_warnings>)
   get_target_property(sources ${target} SOURCES)
   list(FILTER sources INCLUDE REGEX "\\.cpp$")
-  list(LENGTH sources count)
   if(WRAPCERT_UNITY_BUILD)
     _wrapcert_unity(${target} units)
     list(APPEND sources ${units})
   endif()
-  if(NOT WRAPCERT_PRECOMPILE_HEADERS)
+  # A plugin's code is position-independent, which the precompiled headers are not.
+  get_target_property(type ${target} TYPE)
+  if(NOT WRAPCERT_PRECOMPILE_HEADERS OR arg_NO_PRECOMPILED_HEADERS OR type MATCHES
+                                                                  "^(MODULE|SHARED)_LIBRARY$")
     return()
   endif()
   if(NOT TARGET wrapcert_precompiled)
@@ -117,9 +122,6 @@ function(wrapcert_target_defaults target)
       target_compile_options(wrapcert_precompiled PRIVATE "SHELL:-Xclang -fno-pch-timestamp")
       _wrapcert_pch_checksum("${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/wrapcert_precompiled.dir")
     endif()
-  endif()
-  if(count LESS 2)
-    return()
   endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
     get_target_property(dir wrapcert_precompiled BINARY_DIR)

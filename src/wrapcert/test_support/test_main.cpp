@@ -5,8 +5,8 @@
 // ctest runs a suite per process (cmake/WrapcertTestSuites.cmake) and reports it skipped when
 // it prints the line below: every case skipped (no TPU, no GPU), none failed, none passed.
 
+#include <ATen/Parallel.h>
 #include <gmock/gmock.h>
-#include <torch/utils.h>
 
 #include <iostream>
 
@@ -24,7 +24,7 @@ class EverySkippedLine : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  torch::set_num_threads(1);
+  at::set_num_threads(1);
   ::testing::InitGoogleMock(&argc, argv);
   ::testing::UnitTest::GetInstance()->listeners().Append(new EverySkippedLine);
   return RUN_ALL_TESTS();
