@@ -4,7 +4,8 @@
 # (LeakSanitizer on, every report fatal) plus libFuzzer coverage, only the suites it runs (the
 # whole build when given arguments). Then runs the unit, regression and adversarial suites, a
 # reduced property profile, and each fuzz target for WRAPCERT_FUZZ_SECONDS (default 20) from
-# its committed corpus. Arguments go to ctest instead.
+# its committed corpus. Arguments go to ctest instead; `--build-only` builds the suites and runs
+# nothing (scripts/test.sh builds them beside the main suites).
 #   SANITIZE_BUILD_DIR  build folder (default: build-asan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,9 @@ export WRAPCERT_CMAKE_ARGS="-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Sani
   -DWRAPCERT_SANITIZE=address,undefined \
   -DWRAPCERT_BUILD_FUZZERS=ON -DWRAPCERT_BUILD_BENCHMARKS=OFF -DWRAPCERT_INSTALL=OFF \
   -DWRAPCERT_FUZZ_SECONDS=${WRAPCERT_FUZZ_SECONDS:-20} ${WRAPCERT_CMAKE_ARGS:-}"
-if [ $# -gt 0 ]; then
+if [ "${1:-}" = --build-only ]; then
+  exec "$root/scripts/bootstrap.sh" wrapcert_sanitizer_suites
+elif [ $# -gt 0 ]; then
   "$root/scripts/bootstrap.sh"  # ctest may be asked for any suite
 else
   "$root/scripts/bootstrap.sh" wrapcert_sanitizer_suites  # what the stage below runs
