@@ -27,10 +27,14 @@ t0=$(now)
 t1=$(now)
 # The sanitizer build runs beside the main suites at the lowest priority: it gets the CPU time
 # they leave idle (Python workers starting, ranks that run one at a time, limits waited out) and
-# little else. Its own process group, so that a failed main suite stops all of it.
+# little else. Its own process group (job control on while it starts), so that a failed main
+# suite stops all of it; the same session, where Linux's autogroups would otherwise give it as
+# much CPU time as the suites.
 sanitizer_log="$build_dir/sanitizer-build.log"
-setsid nice -n 19 "$(pwd)/scripts/sanitize.sh" --build-only > "$sanitizer_log" 2>&1 &
+set -m
+nice -n 19 "$(pwd)/scripts/sanitize.sh" --build-only > "$sanitizer_log" 2>&1 &
 sanitizer_build=$!
+set +m
 trap '[ -z "$sanitizer_build" ] || kill -- "-$sanitizer_build" 2>/dev/null || true' EXIT
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" \
   -LE 'slow|unit|regression|adversarial'
