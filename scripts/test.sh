@@ -31,6 +31,10 @@ t1=$(now)
 # suite stops all of it; the same session, where Linux's autogroups would otherwise give it as
 # much CPU time as the suites.
 sanitizer_log="$build_dir/sanitizer-build.log"
+if [ -L "$sanitizer_log" ] || { [ -e "$sanitizer_log" ] && [ ! -f "$sanitizer_log" ]; }; then
+  echo "wrapcert: $sanitizer_log is not a regular file; not writing over it" >&2
+  exit 1
+fi
 set -m
 nice -n 19 "$(pwd)/scripts/sanitize.sh" --build-only > "$sanitizer_log" 2>&1 &
 sanitizer_build=$!
