@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,6 +37,28 @@ constexpr int kExitUnsupported = 3;  // a valid file that wrapcert does not read
 constexpr int kExitUsage = 64;       // the command line itself is wrong (sysexits' EX_USAGE)
 constexpr int kExitNoInput = 66;     // an input cannot be read (sysexits' EX_NOINPUT)
 constexpr int kExitCannotWrite = 73;  // an output cannot be written (sysexits' EX_CANTCREAT)
+
+/// Ends the tool with `code` once a command is done and everything it wrote is out. Each
+/// command's own objects are gone by then (its function returned); what `std::exit` would still
+/// run are the static destructors, LibTorch's taking its operator registry down (~0.2 s, at
+/// every run). Under a sanitizer the normal exit stays, so that LeakSanitizer still looks.
+[[noreturn]] void finish(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WRAPCERT_LEAK_CHECKED_EXIT
+#endif
+#elif defined(__SANITIZE_ADDRESS__)
+#define WRAPCERT_LEAK_CHECKED_EXIT
+#endif
+#ifdef WRAPCERT_LEAK_CHECKED_EXIT
+  std::exit(code);
+#else
+  std::_Exit(code);
+#endif
+}
 
 /// An `Error` while reading inputs or writing outputs, as the exit code it means.
 int exit_code_for(const wrapcert::Error& e, int invalid_argument) {
@@ -652,7 +675,7 @@ int main(int argc, char** argv) {
   demo_cmd->add_flag("--libtorch-style", demo.libtorch_style, "print as LibTorch's operator<<");
   demo_cmd->add_flag("--no-compress", demo.no_compress,
                      "print every ModuleList element (PyTorch < 2.0 style)");
-  demo_cmd->callback([&] { std::exit(run_demo(demo)); });
+  demo_cmd->callback([&] { finish(run_demo(demo)); });
 
   std::vector<std::string> fixture_names;
   for (const auto& config : wrapcert::fixtures::all_configs()) fixture_names.push_back(config.name);
@@ -667,7 +690,7 @@ int main(int argc, char** argv) {
   fixture_cmd->add_flag("--libtorch-style", fixture.libtorch_style,
                         "print as LibTorch's operator<<");
   fixture_cmd->add_option("--save", fixture.save, "write its state dict as safetensors");
-  fixture_cmd->callback([&] { std::exit(run_fixture(fixture)); });
+  fixture_cmd->callback([&] { finish(run_fixture(fixture)); });
 
   CheckKeysCli check;
   auto* check_cmd = app.add_subcommand(
@@ -704,7 +727,7 @@ int main(int argc, char** argv) {
                       "write the translated checkpoint over the checked one (atomically)");
   check_cmd->callback([&] {
     check.fix_given = fix_opt->count() > 0;
-    std::exit(run_check_keys(check));
+    finish(run_check_keys(check));
   });
 
   FixtureOptions seed;
@@ -712,7 +735,7 @@ int main(int argc, char** argv) {
       "seed", "The seed thread replicated: wrap gemma-2b as FSDPv2 did and compare the unwraps");
   seed_cmd->add_option("--fixture", seed.name, "fixture")->check(CLI::IsMember(fixture_names));
   seed_cmd->add_flag("--libtorch-style", seed.libtorch_style, "print as LibTorch's operator<<");
-  seed_cmd->callback([&] { std::exit(run_seed(seed)); });
+  seed_cmd->callback([&] { finish(run_seed(seed)); });
 
   CertifyOptions certify;
   auto* certify_cmd = app.add_subcommand(
@@ -772,7 +795,7 @@ int main(int argc, char** argv) {
       ->add_option("--master-port", certify.master_port,
                    "the store's port (default: MASTER_PORT, 29500)")
       ->check(CLI::Range(1, 65535));
-  certify_cmd->callback([&] { std::exit(run_certify(certify)); });
+  certify_cmd->callback([&] { finish(run_certify(certify)); });
 
   CertifyPythonOptions py;
   auto* py_cmd = app.add_subcommand(
@@ -839,7 +862,7 @@ int main(int argc, char** argv) {
   py_cmd->add_option("--json", py.json, "write a JSON report");
   py_cmd->add_option("--junit", py.junit, "write a JUnit XML report");
   py_cmd->add_flag("--quiet", py.quiet, "print only the summary table");
-  py_cmd->callback([&] { std::exit(run_certify_python(py)); });
+  py_cmd->callback([&] { finish(run_certify_python(py)); });
 
   std::string dump_file;
   auto* dump_cmd = app.add_subcommand(
@@ -847,7 +870,7 @@ int main(int argc, char** argv) {
       "Check a module tree dumped from PyTorch by tools/torch_tree_dump.py (P1, P3, P8, and P9 "
       "for a tree without wrappers); exit 0 passed, 1 failed, 2 malformed");
   dump_cmd->add_option("file", dump_file, "the dump (JSON)")->required();
-  dump_cmd->callback([&] { std::exit(run_check_dump(dump_file)); });
+  dump_cmd->callback([&] { finish(run_check_dump(dump_file)); });
 
   bool hardware_json = false;
   auto* hardware_cmd = app.add_subcommand("hardware", "Show the CPU, CUDA devices and TPUs found");
@@ -856,7 +879,7 @@ int main(int argc, char** argv) {
     const auto report = wrapcert::hardware::detect();
     std::cout << (hardware_json ? wrapcert::hardware::to_json(report)
                                 : wrapcert::hardware::to_text(report));
-    std::exit(0);
+    finish(0);
   });
 
   app.set_version_flag("--version", std::string("wrapcert ") + WRAPCERT_VERSION);
