@@ -475,7 +475,7 @@ void BM_CollectiveRoundTrip(benchmark::State& state) {
   // One all-gather of a short text between two ranks over Gloo on the loopback (what each case
   // of a certification across ranks does a few times): this process is rank 0, a forked child
   // rank 1, meeting at a TCPStore this process serves.
-  constexpr int kTrips = 2000;
+  constexpr int kTrips = 200;
   wrapcert::StoreServer store(0);
   wrapcert::Rendezvous r;
   r.master_port = store.port();
