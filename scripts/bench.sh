@@ -3,11 +3,14 @@
 # Python baseline, and writes bench-report/: report.md, plot.svg and plot.png, the raw runs
 # (cpp.json, python.json) and what they ran on (context.json).
 #
-#   scripts/bench.sh [--quick] [--against OLD_DIR] [--out DIR] [--repetitions N]
+#   scripts/bench.sh [--quick] [--busy] [--against OLD_DIR] [--out DIR] [--repetitions N]
 #
 #   --quick            a short run (two minutes or so): the layouts, trees up to 10,000
 #                      modules and property throughput, fewer repetitions, shorter minimum
 #                      times
+#   --busy             every other core kept busy (a spinning shell loop each, at the
+#                      benchmarks' priority) through the C++ and the Python runs, and trees of
+#                      60,000 modules measured too: the condition of the 60,000-module target
 # The report's targets table also shows the last recorded times of scripts/main.sh and
 # scripts/test.sh in this checkout ($BUILD_DIR/main-times.json, test-times.json).
 #   --against OLD_DIR  compare with an earlier report folder (its cpp.json and python.json)
@@ -23,11 +26,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
-quick=0 against="" out=bench-report repetitions=""
+usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
+quick=0 busy=0 against="" out=bench-report repetitions=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    --busy) busy=1 ;;
     --against) against=${2:?--against needs a folder}; shift ;;
     --against=*) against=${1#*=} ;;
     --out) out=${2:?--out needs a folder}; shift ;;
@@ -61,7 +65,15 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 parent=$(dirname "$out")
 mkdir -p "$parent"
 work=$(mktemp -d "$parent/.$(basename "$out").XXXXXX")
-trap 'rm -rf "$work"' EXIT
+spinners=()
+stop_spinners() {
+  if [ ${#spinners[@]} -gt 0 ]; then
+    kill "${spinners[@]}" 2>/dev/null || true
+    wait "${spinners[@]}" 2>/dev/null || true
+    spinners=()
+  fi
+}
+trap 'stop_spinners; rm -rf "$work"' EXIT
 if [ -n "$against" ]; then  # copied first: OLD_DIR may be the folder this run replaces
   mkdir "$work/against"
   cp "$against/cpp.json" "$work/against/"
@@ -81,10 +93,11 @@ if [ "$quick" = 1 ]; then
   # The layouts, the synthetic trees up to 10,000 modules, and property throughput (with
   # certify-python on DataParallel as its Python peer); no chains or wide trees.
   trees='NamedModulesWalk|NamedParametersKeys|UnwrapReference|UnwrapLegacy|UnwrapDuckTyped'
-  filter="^BM_[A-Za-z]+Layout(OnMeta)?/|^BM_TranslateKeys/|^BM_($trees)/modules:(100|1000|10000)\$"
+  sizes=100,1000,10000
+  if [ "$busy" = 1 ]; then sizes+=,60000; fi
+  filter="^BM_[A-Za-z]+Layout(OnMeta)?/|^BM_TranslateKeys/|^BM_($trees)/modules:(${sizes//,/|})\$"
   filter+="|^BM_PropertyStructural\$|^BM_PropertyBackward/|^BM_CertifyPython/wrapper:0/"
   cpp_args=(--benchmark_filter="$filter" --benchmark_min_time=0.05)
-  sizes=100,1000,10000
 else
   mode=full
   reps=${repetitions:-9}
@@ -96,6 +109,16 @@ cpp_cmd=("$bench_bin" "${cpp_args[@]}" --benchmark_repetitions="$reps"
 python_cmd=("$python" bench/python_baseline.py --repetitions "$reps" --sizes "$sizes"
             --out "$work/python.json")
 
+busy_spinners=0
+if [ "$busy" = 1 ]; then
+  # One spinner a core but the benchmark's own: a neighbour that wants the CPU all the time.
+  busy_spinners=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))
+  for ((i = 0; i < busy_spinners; i++)); do
+    ( while :; do :; done ) &
+    spinners+=($!)
+  done
+  echo "bench: $busy_spinners spinning process(es) keep the other core(s) busy (--busy)" >&2
+fi
 echo "bench: C++ benchmarks ($mode, $reps repetitions; console output in $out/cpp.log)" >&2
 t0=$(now)
 "${cpp_cmd[@]}" >"$work/cpp.log" 2>&1 || {
@@ -107,6 +130,7 @@ t1=$(now)
 echo "bench: Python baseline ($reps repetitions, trees of $sizes modules)" >&2
 "${python_cmd[@]}"
 t2=$(now)
+stop_spinners
 
 status=0
 sections=()
@@ -128,6 +152,7 @@ fi
 relative() { sed "s#$work#$out#g" <<<"$*"; }
 "$python" tools/bench_context.py finish "$work/context.json" \
     --set "mode=$mode" \
+    --set "busy_spinners=$busy_spinners" \
     --set "cpp_command=$(relative "${cpp_cmd[*]}")" \
     --set "python_command=$(relative "${python_cmd[*]}")" \
     --set "wall_s={\"build\": $(elapsed "$t_start" "$t_built"), \"C++\": $(elapsed "$t0" "$t1"),

@@ -417,6 +417,61 @@ class Targets(Workdir):
         self.assertRegex(main[1], r"^2\.2 min \(build 10 s, certifications 120 s; ")
         self.assertEqual(main[5], "met")
 
+    def large_tree_report(self, spinners, python_ms):
+        """A run of the 60,000-module tree (the C++ reference at 20 ms), and its context: quiet,
+        or with `spinners` spinning processes beside it (`scripts/bench.sh --busy`)."""
+        reps = 7
+        cpp = entries("BM_UnwrapReference/modules:60000", spread_around(20e6, 0.01, reps))
+        python = entries("BM_PythonDuckTyped/modules:60000",
+                         spread_around(python_ms * 1e6, 0.01, reps))
+        runs = [self.write_json("cpp.json", {"context": {"num_cpus": 2,
+                                                         "load_avg": [0.1, 0.1, 0.1]},
+                                             "benchmarks": cpp}),
+                self.write_json("python.json", {"context": {"load_avg": [1.6, 0.9, 0.4]},
+                                                "benchmarks": python})]
+        ctx = {"cores": 2, "load_start": [0.1, 0.1, 0.1], "load_end": [2.3, 1.2, 0.6]}
+        if spinners is not None:
+            ctx["busy_spinners"] = spinners
+        text, _ = self.make_report(runs, self.write_json("context.json", ctx))
+        return text, table_rows(section(text, "Targets"))
+
+    def test_the_large_tree_target_is_decided_by_a_busy_run_alone(self):
+        text, rows = self.large_tree_report(spinners=1, python_ms=800)
+        row = rows["unwrap, synthetic tree, 60,000 modules, other core(s) busy (1 spinner(s)): "
+                   "reference C++"]
+        self.assertRegex(row[3], r"^40\.0× \(")
+        self.assertEqual(row[4], "≥ 30×")
+        self.assertEqual(row[5], "met")
+        self.assertIn("1 spinning process(es) beside the runs (`--busy`)",
+                      table_rows(section(text, "Context"))["load"][1])
+        warnings = section(text, "Warnings")
+        self.assertIn("**Busy on purpose**", warnings)
+        # The spinner's own load (1.6 when Python started, 2.3 at the end with the benchmark's)
+        # is not "busy".
+        self.assertNotIn("machine was busy", warnings)
+        _, rows = self.large_tree_report(spinners=1, python_ms=500)
+        slow = next(v for k, v in rows.items() if "60,000 modules" in k)
+        self.assertEqual(slow[5], "**not met**")
+        # Quiet, the same ratio decides nothing: the target is set for a loaded machine.
+        text, rows = self.large_tree_report(spinners=None, python_ms=800)
+        quiet = rows["unwrap, synthetic tree, 60,000 modules, quiet machine: reference C++"]
+        self.assertRegex(quiet[3], r"^40\.0× \(")
+        self.assertEqual(quiet[5], "– (set for a busy machine: `scripts/bench.sh --busy`)")
+        self.assertNotIn("Busy on purpose", text)
+
+    def test_load_beyond_the_spinners_is_still_busy(self):
+        self.large_tree_report(spinners=1, python_ms=800)
+        with open(self.path("context.json")) as f:
+            ctx = json.load(f)
+        ctx["load_start"] = [2.4, 1.0, 1.0]  # 1 spinner, and 1.4 of someone else's
+        text, _ = self.make_report([self.path("cpp.json"), self.path("python.json")],
+                                   self.write_json("context.json", ctx))
+        warnings = section(text, "Warnings")
+        self.assertIn("**Busy on purpose**", warnings)
+        self.assertRegex(warnings, r"machine was busy\*\*: load average 2\.40 at the start, on 2 "
+                                   r"core\(s\) \(more than 0\.5 per core besides the benchmark "
+                                   r"and the spinners\)")
+
     def test_a_record_is_never_written_through_a_link(self):
         target = self.path("elsewhere.json")
         with open(target, "w") as f:
