@@ -11,6 +11,7 @@
 #                  store that cannot be reached: clear errors within the limit
 set -uo pipefail
 tool=$1 plugin=$2 group=$3
+python=/usr/bin/python3  # Debian's, as the other test scripts use (not whatever PATH finds)
 dir=$(mktemp -d)
 ranks="wrapcert certify .*$plugin"  # what a rank's command line looks like
 trap 'pkill -KILL -f -- "$ranks" 2>/dev/null; rm -rf "$dir"' EXIT
@@ -25,7 +26,7 @@ run() {  # run EXPECTED_EXIT ARGS...: output in $dir/out.txt
 # entry REPORT PROPERTY_PREFIX STATUS: some entry of the JSON report has that status, and a
 # failed one a counterexample.
 entry() {
-  python3 - "$@" <<'EOF' || { cat "$dir/out.txt" | tail -n 40; fail "$2 in $1 is not $3"; }
+  "$python" - "$@" <<'EOF' || { cat "$dir/out.txt" | tail -n 40; fail "$2 in $1 is not $3"; }
 import json, sys
 report, prefix, status = sys.argv[1:4]
 entries = [e for e in json.load(open(report))["entries"] if e["property"].startswith(prefix + " ")]
@@ -38,7 +39,7 @@ else:
     assert all(e["status"] == status for e in entries), [e["reason"] for e in entries]
 EOF
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 no_leftovers() {  # nothing of the run still running, no log folder or store file left
   sleep 0.5
   if pgrep -f -- "$ranks" >/dev/null; then pgrep -af -- "$ranks"; fail "a rank is still running"; fi
@@ -106,7 +107,7 @@ case $group in
     # Under torchrun's agent: the agent serves the store (torch's own TCPStore here, in Python)
     # and the ranks' keys live under /worker/attempt_N, as init_process_group puts them.
     # (Debian's torchrun itself stops on Python 3.11 before starting a worker.)
-    /usr/bin/python3 - "$tool" "$plugin" "$dir" <<'EOF' || fail "ranks under an agent store"
+    "$python" - "$tool" "$plugin" "$dir" <<'EOF' || fail "ranks under an agent store"
 import datetime, os, subprocess, sys
 from torch.distributed import TCPStore
 tool, plugin, out = sys.argv[1:4]
@@ -130,7 +131,7 @@ EOF
   bad)
     # A port in use: rank 0 cannot serve the store there.
     port=$(free_port)
-    python3 -c "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(); time.sleep(30)" &
+    "$python" -c "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(); time.sleep(30)" &
     holder=$!
     sleep 0.5
     RANK=0 WORLD_SIZE=1 MASTER_PORT=$port run 2 certify --wrappers DistributedDataParallel --seed 3 --cases 2 --timeout 5 --plugin "$plugin"
