@@ -38,21 +38,23 @@ constexpr int kExitUsage = 64;       // the command line itself is wrong (sysexi
 constexpr int kExitNoInput = 66;     // an input cannot be read (sysexits' EX_NOINPUT)
 constexpr int kExitCannotWrite = 73;  // an output cannot be written (sysexits' EX_CANTCREAT)
 
+// Built with AddressSanitizer: the tool leaves through `std::exit`, where LeakSanitizer looks.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WRAPCERT_LEAK_CHECKED_EXIT 1
+#endif
+#elif defined(__SANITIZE_ADDRESS__)
+#define WRAPCERT_LEAK_CHECKED_EXIT 1
+#endif
+
 /// Ends the tool with `code` once a command is done and everything it wrote is out. Each
 /// command's own objects are gone by then (its function returned); what `std::exit` would still
 /// run are the static destructors, LibTorch's taking its operator registry down (~0.2 s, at
-/// every run). Under a sanitizer the normal exit stays, so that LeakSanitizer still looks.
+/// every run). Under AddressSanitizer the normal exit stays, so that LeakSanitizer still looks.
 [[noreturn]] void finish(int code) {
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define WRAPCERT_LEAK_CHECKED_EXIT
-#endif
-#elif defined(__SANITIZE_ADDRESS__)
-#define WRAPCERT_LEAK_CHECKED_EXIT
-#endif
 #ifdef WRAPCERT_LEAK_CHECKED_EXIT
   std::exit(code);
 #else
