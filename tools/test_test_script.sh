@@ -46,7 +46,7 @@ read -r _ _ _ nice _ pgid _ pid _ sid <<< "$line"
 [ "$pgid" = "$pid" ] || fail "the sanitizer build is not in a process group of its own"
 main_sid=$(sed -n 's/^main suites: sid *//p' "$dir/out.txt")
 [ "$sid" = "$main_sid" ] || fail "the sanitizer build is in another session (another autogroup)"
-python3 -c 'import json, sys
+/usr/bin/python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))["seconds"]
 assert set(s) == {"build", "main suites", "sanitizer build after the main suites",
                   "sanitizer suites", "total"}, s' "$dir/build/test-times.json" ||
