@@ -278,13 +278,15 @@ def busy_warnings(figures, contexts, context):
     for ctx in contexts.values():
         cores = cores or ctx.get("num_cpus")
     cores = int(cores or os.cpu_count() or 1)
-    samples = [("at the start", load_list(context.get("load_start")), 0)]
-    for path, ctx in contexts.items():
+    # (when, load, the benchmark's own load in it, whether a --busy run's spinners had run long
+    # enough to count in a 1-minute average: not before the first run, which they start beside).
+    samples = [("at the start", load_list(context.get("load_start")), 0, False)]
+    for i, (path, ctx) in enumerate(contexts.items()):
         samples.append((f"when {os.path.basename(path)} started", load_list(ctx.get("load_avg")),
-                        0))
+                        0, i > 0))
         samples.append((f"when {os.path.basename(path)} ended",
-                        load_list(ctx.get("load_avg_at_end")), 1))
-    samples.append(("at the end", load_list(context.get("load_end")), 1))
+                        load_list(ctx.get("load_avg_at_end")), 1, True))
+    samples.append(("at the end", load_list(context.get("load_end")), 1, True))
     spinners = busy_spinners(context)
     if spinners:
         warnings.append(f"**Busy on purpose** (`scripts/bench.sh --busy`): {spinners} spinning "
@@ -292,10 +294,10 @@ def busy_warnings(figures, contexts, context):
                         "runs. Every figure is of a loaded machine; the 60,000-module target is "
                         "the one set for such a machine.")
     busy = []
-    for when, load, own in samples:
+    for when, load, own, spun in samples:
         # The 1-minute average; at the end of a run it still counts the benchmark itself, and
-        # in a --busy run the spinners (which only count once they have run a while).
-        if load and load[0] - own - spinners > BUSY_LOAD * cores:
+        # in a --busy run the spinners once they have run a while.
+        if load and load[0] - own - (spinners if spun else 0) > BUSY_LOAD * cores:
             busy.append(f"{load[0]:.2f} {when}")
     if busy:
         besides = " and the spinners" if spinners else ""

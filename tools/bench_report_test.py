@@ -463,14 +463,21 @@ class Targets(Workdir):
         self.large_tree_report(spinners=1, python_ms=800)
         with open(self.path("context.json")) as f:
             ctx = json.load(f)
-        ctx["load_start"] = [2.4, 1.0, 1.0]  # 1 spinner, and 1.4 of someone else's
+        ctx["load_end"] = [3.4, 2.0, 1.0]  # the benchmark, 1 spinner, and 1.4 of someone else's
         text, _ = self.make_report([self.path("cpp.json"), self.path("python.json")],
                                    self.write_json("context.json", ctx))
         warnings = section(text, "Warnings")
         self.assertIn("**Busy on purpose**", warnings)
-        self.assertRegex(warnings, r"machine was busy\*\*: load average 2\.40 at the start, on 2 "
+        self.assertRegex(warnings, r"machine was busy\*\*: load average 3\.40 at the end, on 2 "
                                    r"core\(s\) \(more than 0\.5 per core besides the benchmark "
                                    r"and the spinners\)")
+        # Before the spinners started, all the load is someone else's: 1.6 is busy.
+        ctx["load_end"] = [2.3, 1.2, 0.6]
+        ctx["load_start"] = [1.6, 1.0, 1.0]
+        text, _ = self.make_report([self.path("cpp.json"), self.path("python.json")],
+                                   self.write_json("context.json", ctx))
+        self.assertRegex(section(text, "Warnings"),
+                         r"machine was busy\*\*: load average 1\.60 at the start, on 2 ")
 
     def test_a_record_is_never_written_through_a_link(self):
         target = self.path("elsewhere.json")
