@@ -5,6 +5,7 @@
 #include <wrapcert/layer.h>
 #include <wrapcert/registry.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -94,7 +95,12 @@ void FlatParameters::take(torch::nn::Module& holder, std::string name,
     detail::hold_parameters(m, std::move(held));
   }
   if (pieces.empty()) return;
-  auto flat = holder.register_parameter(name, torch::cat(parts));
+  // Frozen parameters stay frozen: the flat tensor needs a gradient only when some piece does,
+  // and a forward runs frozen pieces on detached views (no gradient reaches their part of it), as
+  // FSDP's `use_orig_params=True` leaves them out of the optimizer.
+  const bool trains = std::any_of(pieces.begin(), pieces.end(),
+                                  [](const Piece& p) { return p.original.requires_grad(); });
+  auto flat = holder.register_parameter(name, torch::cat(parts), trains);
   // The originals now alias the flat storage, so their values follow it and restoring is exact.
   torch::NoGradGuard no_grad;
   for (auto& piece : pieces) {
@@ -123,9 +129,9 @@ FlatParameters::Unsharded FlatParameters::unshard() {
 FlatParameters::Unsharded FlatParameters::unshard(const torch::Tensor& whole) {
   if (!holding()) return Unsharded(nullptr);
   for (const auto& piece : pieces_) {
-    detail::insert_parameter(
-        *piece.owner, piece.name,
-        whole.narrow(0, piece.offset, piece.original.numel()).view(piece.original.sizes()));
+    auto view = whole.narrow(0, piece.offset, piece.original.numel()).view(piece.original.sizes());
+    detail::insert_parameter(*piece.owner, piece.name,
+                             piece.original.requires_grad() ? view : view.detach());
   }
   return Unsharded(&pieces_);
 }

@@ -25,6 +25,8 @@ struct ForwardTable {
   std::unordered_map<std::type_index, ForwardFn> fns;
 };
 
+torch::Tensor linear_from_registry(torch::nn::Module& module, const torch::Tensor& x);
+
 ForwardTable& table() {
   static ForwardTable* t = [] {
     auto* t = new ForwardTable;  // never destroyed: safe to use from static destructors
@@ -35,9 +37,41 @@ ForwardTable& table() {
     WRAPCERT_FOR_EACH_BUILTIN_MODULE(WRAPCERT_ADD_FORWARD)
     WRAPCERT_ADD_FORWARD(torch::nn::SequentialImpl)
 #undef WRAPCERT_ADD_FORWARD
+    t->fns[std::type_index(typeid(torch::nn::LinearImpl))] = linear_from_registry;
     return t;
   }();
   return *t;
+}
+
+/// The parameter `name` registered on `module` now. Throws `Error`: kWrapperState when a
+/// flat-parameter wrapper holds it, kUnknownKey when there is none.
+torch::Tensor registered_parameter(const torch::nn::Module& module, const std::string& name,
+                                   const std::string& who) {
+  const auto params = module.named_parameters(/*recurse=*/false);
+  if (const auto* found = params.find(name)) return *found;
+  for (const auto& held : detail::held_parameters(module)) {
+    if (held.first == name) {
+      throw Error(ErrorCode::kWrapperState, name,
+                  "parameter '" + name + "' of " + who +
+                      " is held by a flat-parameter wrapper; run through the wrapper or release "
+                      "it first");
+    }
+  }
+  throw Error(ErrorCode::kUnknownKey, name, who + " has no parameter named '" + name + "'");
+}
+
+/// LibTorch's `Linear` run as Python runs `nn.Linear`: `self.weight` and `self.bias` read from
+/// the registry at call time (a flat-parameter wrapper's views, a tied tensor), not from the
+/// members its C++ forward reads. On the CPU, float16 computes in float32 and rounds back, as
+/// autocast would: LibTorch 1.13 has no CPU kernel for a float16 matrix product.
+torch::Tensor linear_from_registry(torch::nn::Module& module, const torch::Tensor& x) {
+  const auto w = registered_parameter(module, "weight", "Linear");
+  const auto params = module.named_parameters(/*recurse=*/false);
+  const auto* found = params.find("bias");
+  const auto b = found ? *found : torch::Tensor();
+  if (w.scalar_type() != torch::kHalf || !w.device().is_cpu()) return at::linear(x, w, b);
+  const auto up = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; };
+  return at::linear(up(x), up(w), up(b)).to(torch::kHalf);
 }
 
 /// `call` without the checkpointing check (what a checkpointed run calls inside).
@@ -104,18 +138,7 @@ std::string Layer::python_name() const {
 }
 
 torch::Tensor Layer::parameter(const std::string& name) const {
-  const auto params = named_parameters(/*recurse=*/false);
-  if (const auto* found = params.find(name)) return *found;
-  for (const auto& held : detail::held_parameters(*this)) {
-    if (held.first == name) {
-      throw Error(ErrorCode::kWrapperState, name,
-                  "parameter '" + name + "' of " + python_name() +
-                      " is held by a flat-parameter wrapper; run through the wrapper or release "
-                      "it first");
-    }
-  }
-  throw Error(ErrorCode::kUnknownKey, name,
-              python_name() + " has no parameter named '" + name + "'");
+  return registered_parameter(*this, name, python_name());
 }
 
 torch::Tensor Layer::call_child(const std::string& name, const torch::Tensor& input) {

@@ -101,7 +101,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(ModulePtr inner, Fsdp
     group_ = ProcessGroup::current();
     whole_ = flat_.flat().detach();
     shard_ = RowShard::of(whole_.size(0), group_->rank(), group_->size());
-    auto local = take_rows(whole_, shard_).set_requires_grad(true);
+    auto local = take_rows(whole_, shard_).set_requires_grad(flat_.flat().requires_grad());
     detail::insert_parameter(*this, "_flat_param", local);
   }
 }

@@ -759,6 +759,9 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
   gen::GenOptions g;
   g.kinds = {kind};
   g.sharing = false;  // a tensor tied across units is not what sharding wrappers accept
+  // Widths and batch sizes vary here too; frozen parameters, mode-dependent and LibTorch leaves
+  // are drawn by the single-process properties alone so far.
+  g.training = false;
   if (dtype) g.dtypes = {*dtype};
   const auto trees = rc::gen::map(gen::trees(g), [kind, nests = across.nests](gen::TreeSpec s) {
     rewrap(s.root, kind, nests, true);

@@ -8,6 +8,7 @@
 #include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -182,6 +183,22 @@ class ScaleWithBufferImpl : public Layer {
   std::string python_name() const override { return "ScaleWithBuffer"; }
 };
 
+/// Computes differently in training and in eval mode (as dropout and batch norm do), and
+/// deterministically: `x * scale` in training, half of it in eval. A wrapper that leaves its
+/// inner module in the other mode changes what it computes.
+class ModeScaleImpl : public Layer {
+ public:
+  ModeScaleImpl(int64_t dim, const torch::TensorOptions& options) {
+    register_parameter("scale", torch::rand({dim}, options) + 0.5);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const auto y = x * parameter("scale");
+    return is_training() ? y : y * 0.5;
+  }
+  std::string python_name() const override { return "ModeScale"; }
+  std::string extra_repr() const override { return "eval_factor=0.5"; }
+};
+
 struct Builder {
   const TreeSpec& spec;
   int64_t dim;
@@ -215,9 +232,22 @@ struct Builder {
       case Leaf::kBuffered:
         m = std::make_shared<ScaleWithBufferImpl>(dim, options);
         break;
+      case Leaf::kModeScale:
+        m = std::make_shared<ModeScaleImpl>(dim, options);
+        break;
+      case Leaf::kTorchLinear: {
+        // LibTorch's own module: made in its default dtype, then moved (the same tensors).
+        auto linear = std::make_shared<torch::nn::LinearImpl>(torch::nn::LinearOptions(dim, dim));
+        linear->to(options.dtype().toScalarType());
+        m = linear;
+        break;
+      }
     }
-    const bool tieable =
-        n.leaf == Leaf::kLinear || n.leaf == Leaf::kLinearNoBias || n.leaf == Leaf::kEmbedding;
+    if (n.frozen) {
+      for (auto& p : m->parameters(/*recurse=*/false)) p.set_requires_grad(false);
+    }
+    const bool tieable = n.leaf == Leaf::kLinear || n.leaf == Leaf::kLinearNoBias ||
+                         n.leaf == Leaf::kEmbedding || n.leaf == Leaf::kTorchLinear;
     if (tieable) {
       if (n.tie >= 0 && !tie_sources.empty()) {
         tie_parameter(*m, "weight",
@@ -235,9 +265,11 @@ struct Builder {
       std::vector<const Done*> candidates;
       for (const auto& d : done) {
         // A Sequential chains float tensors through AnyModule, which cannot hold a Sequential.
+        // nor anything but a Layer (LibTorch's Linear runs its own forward there).
         const bool fits =
             !in_sequential ||
-            (!d.ids && !std::dynamic_pointer_cast<torch::nn::SequentialImpl>(d.module));
+            (!d.ids && !std::dynamic_pointer_cast<torch::nn::SequentialImpl>(d.module) &&
+             std::dynamic_pointer_cast<Layer>(d.module));
         if (fits) candidates.push_back(&d);
       }
       if (candidates.empty()) return nullptr;
@@ -248,7 +280,11 @@ struct Builder {
     }
     ModulePtr m;
     if (n.type == NodeSpec::Type::kLeaf) {
-      if (in_sequential && n.leaf == Leaf::kEmbedding) return nullptr;
+      // A Sequential runs its elements' own forward: token ids, and LibTorch's Linear (whose
+      // forward reads its member, not the registry a wrapper rewires), have no place in one.
+      if (in_sequential && (n.leaf == Leaf::kEmbedding || n.leaf == Leaf::kTorchLinear)) {
+        return nullptr;
+      }
       m = leaf(n, ids);
     } else {
       m = container(n, path, in_sequential);
@@ -430,7 +466,9 @@ Built build(const TreeSpec& spec, const BuildOptions& options) {
 torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed,
                            int64_t batch) {
   torch::manual_seed(seed + 7919);
-  return torch::randn({batch, spec.dim}, torch::TensorOptions().dtype(torch::kDouble)).to(dtype);
+  return torch::randn({batch < 0 ? spec.batch : batch, spec.dim},
+                      torch::TensorOptions().dtype(torch::kDouble))
+      .to(dtype);
 }
 
 c10::ScalarType scalar_type(Dtype dtype) {
@@ -461,6 +499,16 @@ double epsilon(Dtype dtype) {
   return 0.0;
 }
 
+const char* to_string(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kSgdMomentum:
+      return "SGD(momentum=0.9)";
+    case Optimizer::kAdam:
+      return "Adam";
+  }
+  return "unknown";
+}
+
 const char* to_string(Dtype dtype) {
   switch (dtype) {
     case Dtype::kFloat64:
@@ -486,6 +534,11 @@ SpecStats stats(const TreeSpec& spec) {
     }
     ++s.modules;
     if (n.tie >= 0) ++s.ties;
+    if (n.type == NodeSpec::Type::kLeaf) {
+      s.frozen += n.frozen ? 1 : 0;
+      s.mode_leaves += n.leaf == Leaf::kModeScale ? 1 : 0;
+      s.cloneable += n.leaf == Leaf::kTorchLinear ? 1 : 0;
+    }
     for (const auto& c : n.children) walk(c.second, depth + 1);
   };
   walk(spec.root, 0);

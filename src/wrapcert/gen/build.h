@@ -49,8 +49,8 @@ struct Built {
 Built build(const TreeSpec& spec, const BuildOptions& options = {});
 
 /// A batch the built model accepts: (batch, dim) values in `dtype` (drawn in double, then
-/// converted: the same values, rounded, in every dtype).
+/// converted: the same values, rounded, in every dtype). A negative `batch`: the spec's.
 torch::Tensor sample_input(const TreeSpec& spec, c10::ScalarType dtype, uint64_t seed = 0,
-                           int64_t batch = 2);
+                           int64_t batch = -1);
 
 }  // namespace wrapcert::gen

@@ -54,12 +54,20 @@ rc::Gen<NodeSpec> leaf(const GenOptions& o) {
   auto tie =
       o.sharing ? rc::gen::weightedOneOf<int>({{4, rc::gen::just(-1)}, {1, rc::gen::inRange(0, 8)}})
                 : rc::gen::just(-1);
-  return rc::gen::build<NodeSpec>(
-      rc::gen::set(&NodeSpec::leaf,
-                   rc::gen::element(Leaf::kLinear, Leaf::kLinearNoBias, Leaf::kEmbedding,
-                                    Leaf::kLayerNorm, Leaf::kRMSNorm, Leaf::kBuffered)),
-      rc::gen::set(&NodeSpec::wrappers, stack(o, !o.root_chain_only)),
-      rc::gen::set(&NodeSpec::tie, tie));
+  // Shrinking goes towards the first leaf kind and unfrozen parameters.
+  auto kind = o.training ? rc::gen::element(Leaf::kLinear, Leaf::kLinearNoBias, Leaf::kEmbedding,
+                                            Leaf::kLayerNorm, Leaf::kRMSNorm, Leaf::kBuffered,
+                                            Leaf::kModeScale, Leaf::kTorchLinear)
+                         : rc::gen::element(Leaf::kLinear, Leaf::kLinearNoBias, Leaf::kEmbedding,
+                                            Leaf::kLayerNorm, Leaf::kRMSNorm, Leaf::kBuffered);
+  auto frozen =
+      o.training
+          ? rc::gen::weightedOneOf<bool>({{4, rc::gen::just(false)}, {1, rc::gen::just(true)}})
+          : rc::gen::just(false);
+  return rc::gen::build<NodeSpec>(rc::gen::set(&NodeSpec::leaf, kind),
+                                  rc::gen::set(&NodeSpec::wrappers, stack(o, !o.root_chain_only)),
+                                  rc::gen::set(&NodeSpec::tie, tie),
+                                  rc::gen::set(&NodeSpec::frozen, frozen));
 }
 
 /// A container's own subtrees are offered as replacements for it, so counterexamples shrink to
@@ -116,6 +124,12 @@ rc::Gen<TreeSpec> trees(GenOptions options) {
                        rc::gen::set(&NodeSpec::children, children),
                        rc::gen::set(&NodeSpec::wrappers, stack(root_options, true, true)))),
       rc::gen::set(&TreeSpec::dtype, rc::gen::elementOf(dtypes)),
+      // Widths 1 to 8 (primes among them), so that 2, 3 and 4 ranks see even, uneven and empty
+      // shards; a single example beside a batch of 1 to 5. Both shrink towards the smallest.
+      rc::gen::set(&TreeSpec::dim, rc::gen::inRange<int64_t>(1, 9)),
+      rc::gen::set(&TreeSpec::batch, rc::gen::inRange<int64_t>(1, 6)),
+      rc::gen::set(&TreeSpec::optimizer,
+                   rc::gen::element(Optimizer::kSgdMomentum, Optimizer::kAdam)),
       rc::gen::set(&TreeSpec::eval,
                    options.eval_mode ? rc::gen::element(false, true) : rc::gen::just(false)));
 }
@@ -146,11 +160,24 @@ std::string describe(const TreeSpec& spec, const Built& built, const std::string
   for (size_t i = 0; i < view.size(); ++i) {
     modules += dynamic_cast<const WrapperImpl*>(view.node(i).module.get()) == nullptr;
   }
-  std::string running;
-  if (spec.dtype != Dtype::kFloat64 || spec.eval) {
-    running = std::string("built in ") + to_string(spec.dtype) + ", run in " +
-              (spec.eval ? "eval" : "training") + " mode\n";
+  std::string running = std::string("built in ") + to_string(spec.dtype) + ", " +
+                        std::to_string(spec.dim) + " wide, run in " +
+                        (spec.eval ? "eval" : "training") + " mode on a batch of " +
+                        std::to_string(spec.batch) + ", trained with " + to_string(spec.optimizer) +
+                        (spec.dtype == Dtype::kBFloat16 || spec.dtype == Dtype::kFloat16
+                             ? " on float32 master weights"
+                             : "") +
+                        "\n";
+  // PyTorch's print does not show what is frozen: the keys are listed.
+  std::set<const void*> buffers;
+  for (const auto& b : built.root->buffers()) buffers.insert(b.unsafeGetTensorImpl());
+  std::string frozen;
+  for (const auto& item : built.original) {
+    if (!item.value().requires_grad() && !buffers.count(item.value().unsafeGetTensorImpl())) {
+      frozen += (frozen.empty() ? "" : ", ") + item.key();
+    }
   }
+  if (!frozen.empty()) running += "frozen (requires_grad=False): " + frozen + "\n";
   return running + format_tree(built.root) + "\nwrapped keys:\n" + listing +
          std::to_string(modules) + " modules, " + std::to_string(view.size() - modules) +
          " wrappers";
@@ -166,6 +193,9 @@ void classify(const TreeSpec& spec) {
   RC_CLASSIFY(s.wrappers == 0, "no wrappers");
   RC_CLASSIFY(s.shared > 0, "shared submodule");
   RC_CLASSIFY(s.ties > 0, "tied weights");
+  RC_CLASSIFY(s.frozen > 0, "frozen parameters");
+  RC_CLASSIFY(s.mode_leaves > 0, "a leaf that computes by mode");
+  RC_CLASSIFY(s.cloneable > 0, "a cloneable LibTorch leaf");
   bool adversarial = false;
   std::set<std::string> kinds;
   std::function<void(const NodeSpec&)> walk = [&](const NodeSpec& n) {

@@ -32,6 +32,10 @@ struct GenOptions {
   std::vector<Dtype> dtypes;
   /// Draw eval mode as often as training mode; false: training mode alone.
   bool eval_mode = false;
+  /// Draw what training varies in the leaves too: frozen parameters, leaves that compute
+  /// differently in eval mode, and LibTorch's own (cloneable) `Linear` beside wrapcert's leaves.
+  /// Widths (1 to 8) and batch sizes (1 to 5) are drawn either way.
+  bool training = true;
 };
 
 rc::Gen<TreeSpec> trees(GenOptions options = {});

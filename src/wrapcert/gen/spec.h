@@ -21,7 +21,23 @@ const char* to_string(Dtype dtype);
 inline constexpr Dtype kAllDtypes[] = {Dtype::kFloat64, Dtype::kFloat32, Dtype::kBFloat16,
                                        Dtype::kFloat16};
 
-enum class Leaf { kLinear, kLinearNoBias, kEmbedding, kLayerNorm, kRMSNorm, kBuffered };
+/// kModeScale computes differently in training and in eval mode; kTorchLinear is LibTorch's own
+/// `torch::nn::Linear` (cloneable, its forward run as Python's reads the registry); the others
+/// are wrapcert's types, which LibTorch cannot clone.
+enum class Leaf {
+  kLinear,
+  kLinearNoBias,
+  kEmbedding,
+  kLayerNorm,
+  kRMSNorm,
+  kBuffered,
+  kModeScale,
+  kTorchLinear
+};
+/// What the training loop (P17) steps the parameters with.
+enum class Optimizer { kSgdMomentum, kAdam };
+/// `SGD(momentum=0.9)`, `Adam`.
+const char* to_string(Optimizer optimizer);
 enum class Container { kCustom, kSequential, kModuleList, kModuleDict };
 
 struct NodeSpec {
@@ -40,6 +56,8 @@ struct NodeSpec {
   /// Linear and Embedding leaves: when >= 0, the weight is tied to an earlier Linear or
   /// Embedding leaf's weight (picked modulo their count).
   int tie = -1;
+  /// Leaves: the parameters are frozen (`requires_grad(false)`), as fine-tuning freezes layers.
+  bool frozen = false;
 
   static NodeSpec leaf_of(Leaf leaf) {
     NodeSpec n;
@@ -56,7 +74,13 @@ struct NodeSpec {
 
 struct TreeSpec {
   NodeSpec root = NodeSpec::container_of(Container::kCustom);
+  /// Every leaf's width (and the input's): drawn from 1 to 8, so that shards across 2, 3 and 4
+  /// ranks come out even, uneven and empty.
   int64_t dim = 3;
+  /// The examples in a batch call (P4, P14, P17), besides the single-example calls.
+  int64_t batch = 2;
+  /// What the training loop (P17) steps with.
+  Optimizer optimizer = Optimizer::kSgdMomentum;
   /// What the model is built in (its parameters, buffers and inputs).
   Dtype dtype = Dtype::kFloat64;
   /// Built in eval mode (`model.eval()`, wrappers included) rather than training mode.
@@ -70,6 +94,9 @@ struct SpecStats {
   int depth = 0;
   int shared = 0;
   int ties = 0;
+  int frozen = 0;       ///< leaves whose parameters are frozen
+  int mode_leaves = 0;  ///< leaves that compute differently in eval mode
+  int cloneable = 0;    ///< LibTorch's own (cloneable) leaves
 };
 SpecStats stats(const TreeSpec& spec);
 

@@ -58,6 +58,10 @@ const char* leaf_name(gen::Leaf leaf) {
       return "RMSNorm";
     case gen::Leaf::kBuffered:
       return "Buffered";
+    case gen::Leaf::kTorchLinear:
+      return "Linear";  // in PyTorch both are nn.Linear
+    case gen::Leaf::kModeScale:
+      return "ModeScale";  // not drawn for the worker yet (GenOptions::training)
   }
   return "Linear";
 }
@@ -1352,6 +1356,9 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     const auto start = Clock::now();
     gen::GenOptions g;
     g.kinds = options.wrappers;
+    // The worker builds wrapcert's own leaves in PyTorch: frozen parameters and the leaves that
+    // compute by mode are not sent to it yet.
+    g.training = false;
     property.adjust(g);
     const auto trees = gen::trees(g);
     auto shrunk = std::make_shared<gen::TreeSpec>();
