@@ -1,4 +1,4 @@
-// P1-P16 over generated wrapper trees, from the one table certification uses, against the
+// P1-P17 over generated wrapper trees, from the one table certification uses, against the
 // reference unwrap: all must hold.
 // Replay a failure with RC_PARAMS="reproduce=..." as printed; see the README.
 

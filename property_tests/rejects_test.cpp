@@ -105,6 +105,10 @@ std::vector<Case> cases() {
        with_kind(second_registration_kind), second_registration_kind},
       {"P16AliasesRejectsAnAliasToAnotherModule", on_kinds(aliases),
        with_kind(misdirected_alias_kind), misdirected_alias_kind},
+      // The trained model saved by the legacy unwrap keeps nested wrappers' slots in its keys.
+      {"P17TrainingRejectsLegacy", with(training_loop, legacy), {}},
+      {"P17TrainingRejectsAStaleGather", with(training_loop, subject(BuiltinUnwrap::kReference)),
+       with_kind(stale_gather_kind), stale_gather_kind},
   };
 }
 

@@ -2,7 +2,7 @@
 """Checks that every citation of docs/SEMANTICS.md in the repository resolves.
 
 Code, tests and documents cite the semantics as `docs/SEMANTICS.md §N` (a section), `hazard N`
-or `hazards N-M` (the numbered list of §2) and property ids `P1`-`P16` (§4). A citation of a
+or `hazards N-M` (the numbered list of §2) and property ids `P1`-`P17` (§4). A citation of a
 section, hazard or property the document does not have, or of the document by another path, is
 reported with its file and line.
 

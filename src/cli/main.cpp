@@ -741,7 +741,7 @@ int main(int argc, char** argv) {
 
   CertifyOptions certify;
   auto* certify_cmd = app.add_subcommand(
-      "certify", "Certify wrapper kinds against P1-P16 on generated trees and the fixtures");
+      "certify", "Certify wrapper kinds against P1-P17 on generated trees and the fixtures");
   std::string builtin_names;
   for (const auto& name : wrapcert::Registry::global().names_with_modes()) {
     builtin_names += (builtin_names.empty() ? "" : ", ") + name;

@@ -97,15 +97,64 @@ gen::GenOptions generation_options(const std::string& kind, std::optional<gen::D
   return g;
 }
 
-/// The coverage line of a row: how many of its cases held `kind`, by mode for the dtype rows.
-void set_coverage(Entry& entry, const std::string& kind, const std::array<int, 2>& in_mode,
-                  bool by_mode) {
-  entry.exercised = in_mode[0] + in_mode[1];
+/// What the cases that held the certified kind drew: their modes, widths and batch sizes, and
+/// the leaves training varies. What a row's coverage line reports.
+struct Drawn {
+  std::array<int, 2> in_mode{};  // training mode, eval mode
+  std::set<int64_t> widths, batches;
+  int frozen = 0, mode_leaves = 0, cloneable = 0;
+  std::array<int, 2> optimizers{};  // SGD, Adam
+
+  void add(const gen::TreeSpec& spec) {
+    ++in_mode[spec.eval ? 1 : 0];
+    widths.insert(spec.dim);
+    batches.insert(spec.batch);
+    const auto s = gen::stats(spec);
+    frozen += s.frozen > 0;
+    mode_leaves += s.mode_leaves > 0;
+    cloneable += s.cloneable > 0;
+    ++optimizers[spec.optimizer == gen::Optimizer::kAdam ? 1 : 0];
+  }
+};
+
+/// `1-8` for a run without gaps, else the values: `1, 3, 5`.
+std::string values_text(const std::set<int64_t>& values) {
+  if (values.empty()) return "none";
+  const auto lo = *values.begin();
+  const auto hi = *values.rbegin();
+  if (values.size() > 2 && static_cast<int64_t>(values.size()) == hi - lo + 1) {
+    return std::to_string(lo) + "-" + std::to_string(hi);
+  }
+  std::string out;
+  for (const auto v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+/// "in 12 cases", or "never drawn": a dimension a row never saw says so.
+std::string drawn_in(int cases, const std::string& what) {
+  return cases > 0 ? what + " in " + std::to_string(cases) : "no " + what + " drawn";
+}
+
+/// The coverage line of a row: how many of its cases held `kind`, and what they drew (modes for
+/// the dtype rows, the optimizers for the training loop's).
+void set_coverage(Entry& entry, const std::string& kind, const Drawn& drawn, bool by_mode,
+                  bool trains) {
+  entry.exercised = drawn.in_mode[0] + drawn.in_mode[1];
   entry.coverage = std::to_string(entry.exercised) + " of " + std::to_string(entry.cases) +
                    " cases held " + kind;
   if (by_mode) {
-    entry.coverage += " (" + std::to_string(in_mode[0]) + " in training mode, " +
-                      std::to_string(in_mode[1]) + " in eval mode)";
+    entry.coverage += " (" + std::to_string(drawn.in_mode[0]) + " in training mode, " +
+                      std::to_string(drawn.in_mode[1]) + " in eval mode)";
+  }
+  if (entry.exercised == 0) return;
+  entry.coverage += "; widths " + values_text(drawn.widths) + ", batches " +
+                    values_text(drawn.batches) + ", " +
+                    drawn_in(drawn.frozen, "frozen parameters") + ", " +
+                    drawn_in(drawn.mode_leaves, "a leaf computing by mode") + ", " +
+                    drawn_in(drawn.cloneable, "LibTorch's cloneable Linear");
+  if (trains) {
+    entry.coverage += "; trained with SGD(momentum=0.9) in " + std::to_string(drawn.optimizers[0]) +
+                      ", Adam in " + std::to_string(drawn.optimizers[1]);
   }
 }
 
@@ -121,7 +170,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
   auto shrunk = std::make_shared<gen::TreeSpec>();
   auto verdict = std::make_shared<Verdict>();
   auto runs = std::make_shared<int>(0);
-  auto in_mode = std::make_shared<std::array<int, 2>>();  // exercised in training, in eval mode
+  auto drawn = std::make_shared<Drawn>();  // what the cases that exercised the kind drew
   const auto result = detail::check_quietly(
       kind + "." + property.name, options.seed, options.cases, options.max_size, [&] {
         const auto spec = *trees;
@@ -130,7 +179,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
         const auto v = property.check_case(c, translator);
         ++*runs;
         if (!v.skipped && std::find(held.begin(), held.end(), kind) != held.end()) {
-          ++(*in_mode)[spec.eval ? 1 : 0];
+          drawn->add(spec);
         }
         if (!v.passed) {
           *shrunk = spec;  // shrinking accepts smaller failures in turn: the last is the minimum
@@ -140,7 +189,9 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
         RC_ASSERT(v.passed);
       });
   entry.cases = *runs;
-  if (property.wraps) set_coverage(entry, kind, *in_mode, dtype.has_value());
+  if (property.wraps) {
+    set_coverage(entry, kind, *drawn, dtype.has_value(), property.trains);
+  }
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;
   if (result.match(failure)) {
@@ -186,7 +237,7 @@ std::vector<std::optional<Entry>> run_shared(
                                  [](const auto* m) { return m->stage == Stage::kEndsUnwrapped; });
   struct Tally {
     int runs = 0;
-    std::array<int, 2> in_mode{};  // cases that held the kind, in training and in eval mode
+    Drawn drawn;  // what the cases that held the kind drew
     bool skipped = false;
     double seconds = 0.0;  // in its own check
   };
@@ -211,7 +262,7 @@ std::vector<std::optional<Entry>> run_shared(
           if (v.skipped) {
             tally[i].skipped = true;
           } else if (holds) {
-            ++tally[i].in_mode[spec.eval ? 1 : 0];
+            tally[i].drawn.add(spec);
           }
         }
       });
@@ -230,7 +281,7 @@ std::vector<std::optional<Entry>> run_shared(
     if (dtype) entry.dtype = gen::to_string(*dtype);
     entry.cases = tally[i].runs;
     if (m.wraps) {
-      set_coverage(entry, kind, tally[i].in_mode, dtype.has_value());
+      set_coverage(entry, kind, tally[i].drawn, dtype.has_value(), m.trains);
       if (entry.exercised == 0) continue;  // alone, it says why
     }
     entry.seconds = tally[i].seconds + common;

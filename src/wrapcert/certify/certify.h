@@ -1,5 +1,5 @@
 #pragma once
-/// Certification of wrapper kinds against P1-P16, for authors of new wrappers.
+/// Certification of wrapper kinds against P1-P17, for authors of new wrappers.
 ///
 ///   auto report = wrapcert::certify::run(
 ///       wrapcert::wrapper_kind<MyShardImpl>("MyShard", "_sharded"));

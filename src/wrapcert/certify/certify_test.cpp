@@ -428,6 +428,8 @@ INSTANTIATE_TEST_SUITE_P(
         ContractCase{wrapcert::test_support::misdirected_alias_kind, "P16 aliases"},
         ContractCase{wrapcert::test_support::modal_relay_kind, ""},
         ContractCase{wrapcert::test_support::input_stats_kind, ""},
+        ContractCase{wrapcert::test_support::forwarding_train_kind, ""},
+        ContractCase{wrapcert::test_support::exact_no_grad_kind, ""},
         ContractCase{wrapcert::test_support::colliding_state_kind, "P15 owned state"}),
     [](const auto& info) { return info.param.kind().name; });
 
@@ -500,7 +502,20 @@ INSTANTIATE_TEST_SUITE_P(
                       RunningFault{wrapcert::test_support::cached_output_kind, "CachedOutput",
                                    "P4 backward", "", "the backward of the wrapped model threw"},
                       RunningFault{wrapcert::test_support::colliding_state_kind, "CollidingState",
-                                   "P15 owned state", "", "two entries under one key"}),
+                                   "P15 owned state", "", "two entries under one key"},
+                      // What training varies (P17 and the dimensions the trees draw).
+                      RunningFault{wrapcert::test_support::unfreezing_kind, "Unfreezing",
+                                   "P2 identity", "", "requires_grad is True, the model's False"},
+                      RunningFault{wrapcert::test_support::clone_keeping_kind, "CloneKeeping",
+                                   "P2 identity", "", "not the model's own tensor"},
+                      RunningFault{wrapcert::test_support::large_batch_fault_kind,
+                                   "LargeBatchFault", "P4 backward", "", "on a batch of 3"},
+                      RunningFault{wrapcert::test_support::stuck_in_training_kind,
+                                   "StuckInTraining", "P17 training", "", "in eval mode"},
+                      RunningFault{wrapcert::test_support::no_grad_scale_kind, "NoGradScale",
+                                   "P17 training", "", "a call under torch.no_grad()"},
+                      RunningFault{wrapcert::test_support::stale_gather_kind, "StaleGather",
+                                   "P17 training", "", "differs"}),
     [](const auto& info) {
       std::string name = info.param.certified;
       for (auto& c : name) {

@@ -11,12 +11,15 @@
 #include <wrapcert/wrap.h>
 
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include <rapidcheck.h>
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -65,6 +68,35 @@ std::string key_difference(const std::vector<std::string>& got,
 
 void reset_calls(const gen::Built& built) {
   for (const auto& w : built.wrappers) w->reset_calls();
+}
+
+/// The first module under `root` (wrappers included, `root` itself as "") whose training flag
+/// is not `training`, with why: what `model.eval()` and `model.train()` promise of every module.
+std::optional<std::pair<std::string, std::string>> mode_difference(const ModulePtr& root,
+                                                                   bool training) {
+  for (const auto& item : root->named_modules()) {
+    if (item.value()->is_training() == training) continue;
+    return std::make_pair(item.key(), std::string(training ? "in eval mode" : "in training mode") +
+                                          ", the model " +
+                                          (training ? "in training mode" : "in eval mode"));
+  }
+  return std::nullopt;
+}
+
+/// The first tensor of `state` (the model's, by key) frozen otherwise than the same key of
+/// `plain` (the model as built): a wrapper that unfreezes what fine-tuning froze, or freezes
+/// what it trains.
+std::optional<std::pair<std::string, std::string>> requires_grad_difference(
+    const StateDict& state, const StateDict& plain) {
+  for (const auto& item : state) {
+    const auto* want = plain.find(item.key());
+    if (!want || item.value().requires_grad() == want->requires_grad()) continue;
+    return std::make_pair(item.key(), std::string("requires_grad is ") +
+                                          (item.value().requires_grad() ? "True" : "False") +
+                                          ", the model's " +
+                                          (want->requires_grad() ? "True" : "False"));
+  }
+  return std::nullopt;
 }
 
 /// Sees through no wrapper: a view built with it shows a module's parameters a flat-parameter
@@ -398,6 +430,7 @@ Verdict values(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s,
 Verdict release(const gen::TreeSpec& s) { return alone(s, kNoSubject, [](Case& c) { return release(c); }); }
 Verdict owned_state(const gen::TreeSpec& s) { return alone(s, kNoSubject, [](Case& c) { return owned_state(c); }); }
 Verdict aliases(const gen::TreeSpec& s) { return alone(s, kNoSubject, [](Case& c) { return aliases(c); }); }
+Verdict training_loop(const gen::TreeSpec& s, const UnwrapSubject& u) { return alone(s, u, [](Case& c) { return training_loop(c); }); }
 // clang-format on
 
 Verdict exact_keys(Case& c) {
@@ -420,6 +453,13 @@ Verdict identity(Case& c) {
       if (!got->is_same(item.value())) {
         return fail("P2 identity", "not the model's own tensor (a copy?)", item.key());
       }
+    }
+    if (const auto d = requires_grad_difference(state, c.plain().original)) {
+      return fail("P2 identity", d->second, d->first);
+    }
+    if (const auto d = mode_difference(c.unwrapped().root, !c.spec().eval)) {
+      return fail("P2 identity", "a module of the unwrapped model is " + d->second,
+                  d->first.empty() ? std::string("<root>") : d->first);
     }
     return pass("P2 identity");
   });
@@ -444,11 +484,10 @@ Verdict backward(Case& c) {
     const auto& built = c.built();
     const auto& plain = c.plain();
     const auto dtype = gen::scalar_type(spec.dtype);
-    // A single example, a batch, and the single example again: a forward path may hide a fault
-    // behind either size, or behind a first call (a cache).
+    // A single example, a batch (of the spec's 1 to 5), and the single example again: a forward
+    // path may hide a fault behind either size, or behind a first call (a cache).
     const auto single = gen::sample_input(spec, dtype, 0, 1);
-    const std::vector<torch::Tensor> inputs = {single, gen::sample_input(spec, dtype, 0, 2),
-                                               single};
+    const std::vector<torch::Tensor> inputs = {single, gen::sample_input(spec, dtype, 0), single};
     // The plain model has no cache: its third step would repeat its first.
     std::vector<Step> expected;
     for (size_t i = 0; i < 2; ++i) expected.push_back(step(plain.root, plain.original, inputs[i]));
@@ -865,6 +904,13 @@ Verdict release(Case& c) {
       if (tie_groups(state) != tie_groups(built.original)) {
         return fail("P14 release", "ties differ after release", state[0].key());
       }
+      if (const auto d = requires_grad_difference(state, plain.original)) {
+        return fail("P14 release", "after release " + d->second, d->first);
+      }
+      if (const auto d = mode_difference(root, !spec.eval)) {
+        return fail("P14 release", "a module of the released model is " + d->second,
+                    d->first.empty() ? std::string("<root>") : d->first);
+      }
       for (const auto& item : root->named_modules()) {
         if (const auto* kind = Registry::global().find(*item.value())) {
           return fail("P14 release", "a " + kind->name + " is still on a path after release",
@@ -887,7 +933,7 @@ Verdict release(Case& c) {
         return fail("P14 release",
                     "after release the wrapped model unwraps to other keys: " + diff_again, key);
       }
-      for (const int64_t batch : {1, 2}) {
+      for (const int64_t batch : {int64_t{1}, spec.batch}) {
         const auto input = gen::sample_input(spec, gen::scalar_type(spec.dtype), 0, batch);
         reset_calls(built);
         const auto expected = step(plain.root, plain.original, input);
@@ -921,6 +967,280 @@ Verdict release(Case& c) {
       }
       throw;
     }
+  });
+}
+
+namespace {
+
+/// Each parameter once, in order: what `torch.optim.SGD(model.parameters())` is given (PyTorch's
+/// `parameters()` leaves out repeats; LibTorch's lists a shared module's under every path, and
+/// a tensor given twice would be stepped twice).
+std::vector<torch::Tensor> unique_parameters(const ModulePtr& root) {
+  std::vector<torch::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& p : root->parameters(/*recurse=*/true)) {
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
+/// An optimizer over a model's parameters. In bfloat16 and float16 it steps float32 master
+/// copies and rounds them back into the parameters, as mixed-precision training does: LibTorch's
+/// CPU kernels round a bfloat16 `add_(x, alpha)` once in their vectorised body and twice in their
+/// tail, so a step over one flat tensor and over its pieces would differ by layout alone, and
+/// LibTorch 1.13 has no float16 CPU kernel for Adam's `addcmul`.
+class Trainer {
+ public:
+  Trainer(gen::Optimizer kind, std::vector<torch::Tensor> params) : params_(std::move(params)) {
+    std::vector<torch::Tensor> stepped = params_;
+    const bool half = !params_.empty() && (params_[0].scalar_type() == torch::kBFloat16 ||
+                                           params_[0].scalar_type() == torch::kHalf);
+    if (half) {
+      for (auto& p : stepped) p = p.detach().to(torch::kFloat).requires_grad_(p.requires_grad());
+      masters_ = stepped;
+    }
+    if (kind == gen::Optimizer::kAdam) {
+      optimizer_ = std::make_unique<torch::optim::Adam>(stepped, torch::optim::AdamOptions(1e-2));
+    } else {
+      optimizer_ = std::make_unique<torch::optim::SGD>(
+          stepped, torch::optim::SGDOptions(1e-2).momentum(0.9));
+    }
+  }
+  void step() {
+    if (masters_.empty()) {
+      optimizer_->step();
+      return;
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& g = params_[i].grad();
+      masters_[i].mutable_grad() = g.defined() ? g.to(torch::kFloat) : torch::Tensor();
+    }
+    optimizer_->step();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(masters_[i]);
+  }
+
+ private:
+  std::vector<torch::Tensor> params_, masters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+bool finite(const torch::Tensor& t) {
+  return !t.defined() || t.isfinite().all().item<bool>();
+}
+
+/// One step of the training loop: what it does to both models.
+struct TrainingStep {
+  enum class What { kTrain, kNoGrad, kSwitchMode } what;
+  int64_t batch;
+};
+
+}  // namespace
+
+Verdict training_loop(Case& c) {
+  constexpr const char* kName = "P17 training";
+  return guarded(kName, [&] {
+    const auto& spec = c.spec();
+    // Copies of its own: the case's models are read as built by the other properties.
+    const auto wrapped = gen::build(spec);
+    const auto plain = gen::build(spec, {std::nullopt, 0, false});
+    const auto dtype = gen::scalar_type(spec.dtype);
+    // A kind that changes outputs by design trains otherwise: only its flags, its frozen
+    // parameters and what it saves are compared.
+    const bool compare = !wrapped.changes_output;
+    // A kind that holds state its inner modules need (kNeedsRelease) may keep the parameters'
+    // current values there until released: they are compared through what it computes and what
+    // it saves, not read from the model's tensors after each step.
+    const bool read_values = !wrapped.needs_release;
+    const auto counts = gen::stats(spec);
+    const int sums = counts.shared + counts.ties;
+    const double eps = gen::epsilon(spec.dtype);
+    // Adam divides by a gradient's running magnitude, so a gradient that a declared tolerance
+    // leaves at 1e-17 instead of 0 would move by the learning rate: trees with a kind that
+    // declares one train with SGD, whose step is linear in the gradient, and each step widens
+    // the tolerance by the declared one.
+    const auto optimizer_kind =
+        wrapped.tolerance > 0 ? gen::Optimizer::kSgdMomentum : spec.optimizer;
+    auto wrapped_parameters = unique_parameters(wrapped.root);
+    {
+      // Two of them over one storage: a weight tied across a flat-parameter unit's boundary is
+      // both the flat tensor's piece and registered outside it, and any optimizer moves it once
+      // for each. FSDP does not accept such a tie either: the case does not apply there.
+      std::map<const void*, int> storages;
+      for (const auto& p : wrapped_parameters) {
+        if (p.has_storage()) ++storages[p.storage().unsafeGetStorageImpl()];
+      }
+      for (const auto& item : wrapped.original) {
+        const auto& t = item.value();
+        if (!t.has_storage() || storages[t.storage().unsafeGetStorageImpl()] < 2) continue;
+        if (wrapped.needs_release) {
+          return skip(kName, "a weight tied across a flat-parameter unit (" + item.key() +
+                                 ") is stepped once for each holder, in FSDP too");
+        }
+        return fail(kName,
+                    "the optimizer is given two parameters over this tensor's storage: each "
+                    "step moves it twice",
+                    item.key());
+      }
+    }
+    Trainer wrapped_optimizer(optimizer_kind, std::move(wrapped_parameters));
+    Trainer plain_optimizer(optimizer_kind, unique_parameters(plain.root));
+
+    const std::vector<TrainingStep> steps = {
+        {TrainingStep::What::kTrain, spec.batch},      {TrainingStep::What::kNoGrad, 1},
+        {TrainingStep::What::kSwitchMode, spec.batch}, {TrainingStep::What::kTrain, 1},
+        {TrainingStep::What::kSwitchMode, 1},          {TrainingStep::What::kTrain, spec.batch},
+    };
+    bool training = !spec.eval;
+    std::string at;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const auto& s = steps[i];
+      const double tolerance = wrapped.tolerance * eps * static_cast<double>(i + 1);
+      const double order_tolerance = sums > 0 ? 4.0 * (sums + 2) * eps * (i + 1) : 0.0;
+      const auto input = gen::sample_input(spec, dtype, 100 + i, s.batch);
+      if (s.what == TrainingStep::What::kSwitchMode) training = !training;
+      at = "step " + std::to_string(i + 1) + " of " + std::to_string(steps.size()) + ", " +
+           (s.what == TrainingStep::What::kTrain
+                ? std::string("forward, backward and ") + gen::to_string(optimizer_kind) + " step"
+            : s.what == TrainingStep::What::kNoGrad ? std::string("a call under torch.no_grad()")
+                                                    : std::string(training ? "train()" : "eval()") +
+                                                          " through the wrappers, then a call") +
+           " in " + (training ? "training" : "eval") + " mode on a batch of " +
+           std::to_string(s.batch);
+      try {
+        if (s.what == TrainingStep::What::kTrain) {
+          const auto got = step(wrapped.root, wrapped.original, input, "the wrapped model");
+          const auto want = step(plain.root, plain.original, input);
+          // Overflow (float16's largest is 65504) in the model itself: nothing to compare.
+          if (!finite(want.first) || !std::all_of(want.second.begin(), want.second.end(), finite)) {
+            return skip(kName, "the model's training diverged (" + at + ")");
+          }
+          if (compare) {
+            size_t where = 0;
+            if (!same_grads(got.second, want.second, tolerance, where, order_tolerance)) {
+              return fail(kName,
+                          at + ": " +
+                              (got.second[where].defined()
+                                   ? "a gradient through the wrappers differs" +
+                                         largest_difference(got.second[where], want.second[where])
+                                   : "no gradient through the wrappers reaches this parameter"),
+                          wrapped.original.keys()[where]);
+            }
+            if (!close(got.first, want.first, tolerance)) {
+              return fail(kName, at + ": the output through the wrappers differs" +
+                                     largest_difference(got.first, want.first));
+            }
+          }
+          detail::note_blame("the optimizer step over the wrapped model's parameters");
+          wrapped_optimizer.step();
+          (void)detail::take_blame();
+          plain_optimizer.step();
+        } else {
+          torch::Tensor got, want;
+          if (s.what == TrainingStep::What::kSwitchMode) {
+            wrapped.root->train(training);
+            plain.root->train(training);
+          }
+          {
+            std::optional<torch::NoGradGuard> no_grad;
+            if (s.what == TrainingStep::What::kNoGrad) no_grad.emplace();
+            got = call(*wrapped.root, input).detach();
+            want = call(*plain.root, input).detach();
+          }
+          if (!finite(want)) return skip(kName, "the model's training diverged (" + at + ")");
+          if (compare && !close(got, want, tolerance)) {
+            return fail(kName, at + ": the output through the wrappers differs" +
+                                   largest_difference(got, want));
+          }
+        }
+      } catch (const Error& e) {
+        const auto blamed = detail::take_blame();
+        // As in P4: a module shared between a flat-parameter unit and the rest of the model
+        // cannot run, in FSDP either.
+        if (e.code() == ErrorCode::kWrapperState) {
+          return skip(kName, "the wrapped model does not run: " + std::string(e.what()));
+        }
+        return fail(kName,
+                    at + ": " + (blamed.empty() ? std::string("the subject") : blamed) +
+                        " threw: " + e.what(),
+                    e.key_path());
+      } catch (const std::exception& e) {
+        const auto blamed = detail::take_blame();
+        std::string what = e.what();
+        return fail(kName, at + ": " + (blamed.empty() ? std::string("the subject") : blamed) +
+                               " threw: " + what.substr(0, what.find('\n')));
+      }
+      if (const auto d = mode_difference(wrapped.root, training)) {
+        return fail(kName, at + ": a module of the wrapped model is " + d->second,
+                    d->first.empty() ? std::string("<root>") : d->first);
+      }
+      if (const auto d = requires_grad_difference(wrapped.original, plain.original)) {
+        return fail(kName, at + ": " + d->second, d->first);
+      }
+      for (size_t k = 0; k < wrapped.original.size(); ++k) {
+        const auto& got = wrapped.original[k].value();
+        const auto& want = plain.original[k].value();
+        if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+          return fail(kName, at + ": the tensor's shape or dtype changed",
+                      wrapped.original[k].key());
+        }
+        if (compare && read_values && !close(got, want, tolerance)) {
+          return fail(kName,
+                      at + ": the model's values differ from training without wrappers" +
+                          largest_difference(got, want),
+                      wrapped.original[k].key());
+        }
+      }
+    }
+
+    // The scenario wrapcert began with: the trained model unwrapped, saved (torch.save's
+    // format), loaded into a fresh model, and run.
+    at = "after the " + std::to_string(steps.size()) + " steps";
+    StateDict saved;
+    {
+      const auto unwrapped = c.subject()(wrapped.root);
+      for (const auto& item : unwrapped.state) saved.insert(item.key(), item.value().detach());
+    }
+    c10::Dict<std::string, torch::Tensor> dict;
+    for (const auto& item : saved) dict.insert(item.key(), item.value());
+    const auto loaded = torch::pickle_load(torch::pickle_save(dict)).toGenericDict();
+    const auto fresh = gen::build(spec, {std::nullopt, 99, false});  // other values
+    {
+      torch::NoGradGuard no_grad;
+      std::string key;
+      const auto diff = key_difference(saved.keys(), fresh.original.keys(), key);
+      if (!diff.empty()) {
+        return fail(kName, at + ": the checkpoint of the trained model: " + diff, key);
+      }
+      for (const auto& item : fresh.original) {
+        const auto t = loaded.at(item.key()).toTensor();
+        if (t.sizes() != item.value().sizes() || t.scalar_type() != item.value().scalar_type()) {
+          return fail(kName, at + ": the checkpoint's shape or dtype differs", item.key());
+        }
+        item.value().copy_(t);
+      }
+    }
+    fresh.root->train(training);
+    const auto probe = gen::sample_input(spec, dtype, 200);
+    torch::Tensor got, want;
+    {
+      torch::NoGradGuard no_grad;
+      got = call(*fresh.root, probe);
+      if (compare) {
+        want = call(*plain.root, probe);
+      } else {
+        want = call(*release_wrappers(wrapped.root), probe);
+      }
+    }
+    if (!finite(want)) return skip(kName, "the model's training diverged (" + at + ")");
+    const double tolerance = wrapped.tolerance * eps * static_cast<double>(steps.size() + 1);
+    if (!close(got, want, tolerance)) {
+      return fail(kName, at +
+                             ": the trained model, unwrapped, saved and loaded into a fresh "
+                             "model, computes otherwise than the trained model" +
+                             largest_difference(got, want));
+    }
+    return pass(kName);
   });
 }
 
@@ -1088,7 +1408,12 @@ const std::vector<GeneratedProperty>& generated_properties() {
                  on_case(owned_state), Stage::kAfterUnwrapped),
         property("P16 aliases", "every declared alias reaches the module in the slot",
                  on_case(aliases), Stage::kAfterUnwrapped),
+        property("P17 training",
+                 "trains, switches mode and runs under no_grad as without the wrappers; the "
+                 "trained model saves and loads",
+                 on_case(training_loop), Stage::kAfterUnwrapped, /*numeric=*/true),
     };
+    table.back().trains = true;  // P17
     auto& p7 = table[6];
     p7.adjust = [](gen::GenOptions& o) { o.root_chain_only = true; };
     p7.shares_cases = false;

@@ -1,5 +1,5 @@
 #pragma once
-/// The properties P1-P16 (docs/SEMANTICS.md §4) as plain functions over a spec and an unwrap
+/// The properties P1-P17 (docs/SEMANTICS.md §4) as plain functions over a spec and an unwrap
 /// subject, each returning a verdict: a failed check is data, not an exception.
 ///
 ///   auto reference = wrapcert::props::subject(wrapcert::BuiltinUnwrap::kReference);
@@ -161,6 +161,7 @@ Verdict values(Case& c);                            ///< P13
 Verdict release(Case& c);                           ///< P14: releases the model's wrappers
 Verdict owned_state(Case& c);                       ///< P15
 Verdict aliases(Case& c);                           ///< P16
+Verdict training_loop(Case& c);                     ///< P17: trains copies of its own
 
 Verdict exact_keys(const gen::TreeSpec& spec, const UnwrapSubject& u);          ///< P1
 Verdict identity(const gen::TreeSpec& spec, const UnwrapSubject& u);            ///< P2
@@ -195,6 +196,10 @@ Verdict release(const gen::TreeSpec& spec);
 Verdict owned_state(const gen::TreeSpec& spec);
 /// P16: every alias a kind declares reaches the very module in the wrapper's slot.
 Verdict aliases(const gen::TreeSpec& spec);
+/// P17: the model and a wrapped copy trained side by side (forward, backward, an optimizer
+/// step, a no-grad call, `eval()`/`train()` through the wrappers), compared after each step;
+/// then the trained model unwrapped by `u`, saved, loaded into a fresh model and run.
+Verdict training_loop(const gen::TreeSpec& spec, const UnwrapSubject& u);
 
 /// A property over generated trees as a value. Certification and the property suite loop over
 /// `generated_properties()`; each property's faulty subjects are in the rejection suite.
@@ -211,6 +216,8 @@ struct GeneratedProperty {
   /// Its trees hold wrappers, so each row counts the cases that held the certified kind (not
   /// P9, whose trees have none).
   bool wraps = true;
+  /// Trains the model (P17): its rows say which optimizers the cases drew.
+  bool trains = false;
   /// When it reads a case it shares, relative to the others: first, as it runs the wrapped
   /// model before the subject's result rewires it (P4); while that result lives; ending it
   /// (P5); after it ended; or last, as it changes the model (P11, P14). At most one property of
@@ -232,7 +239,7 @@ struct GeneratedProperty {
                 const Translator& translator) const;
 };
 
-/// P1-P16 on generated trees, in order (P11 without its deep chain: see `deep_chain`).
+/// P1-P17 on generated trees, in order (P11 without its deep chain: see `deep_chain`).
 const std::vector<GeneratedProperty>& generated_properties();
 
 }  // namespace wrapcert::props

@@ -60,7 +60,7 @@ class MisdirectedAliasImpl final : public WrapperImpl {
 };
 
 /// What a flat kind gets wrong, if anything.
-enum class FlatFault { kNone, kSwappedRelease, kSwappedForward, kDetachedViews };
+enum class FlatFault { kNone, kSwappedRelease, kSwappedForward, kDetachedViews, kStaleGather };
 
 /// Flat parameters through the public API, with one fault at most.
 template <FlatFault Fault>
@@ -68,6 +68,8 @@ class FlatShardImpl final : public WrapperImpl {
  public:
   explicit FlatShardImpl(ModulePtr inner) : WrapperImpl(name(), kSlot, std::move(inner)) {
     flat_.take(*this, "_flat", this->inner());
+    if (Fault == FlatFault::kStaleGather && flat_.holding())
+      gathered_ = flat_.flat().detach().clone();
   }
   static const char* name() {
     switch (Fault) {
@@ -79,6 +81,8 @@ class FlatShardImpl final : public WrapperImpl {
         return "SwappedFlatForward";
       case FlatFault::kDetachedViews:
         return "DetachedFlatViews";
+      case FlatFault::kStaleGather:
+        return "StaleGather";
     }
     return "";
   }
@@ -93,6 +97,13 @@ class FlatShardImpl final : public WrapperImpl {
 
  protected:
   torch::Tensor run(const torch::Tensor& input) override {
+    if (Fault == FlatFault::kStaleGather && flat_.holding()) {
+      // The values gathered when it was made, whatever the optimizer did since; the gradient
+      // still reaches the flat parameter, so one call alone cannot tell.
+      const auto flat = flat_.flat();
+      const auto unsharded = flat_.unshard(gathered_ + (flat - flat.detach()));
+      return call(*inner(), input);
+    }
     const auto unsharded = flat_.unshard();
     auto current = [](const FlatParameters::Piece& p) {
       return p.owner->named_parameters(/*recurse=*/false)[p.name];
@@ -125,6 +136,7 @@ class FlatShardImpl final : public WrapperImpl {
   }
 
   FlatParameters flat_;
+  torch::Tensor gathered_;
 };
 
 template <FlatFault Fault>
@@ -194,6 +206,90 @@ class EvalNoGradImpl final : public WrapperImpl {
   }
 };
 
+/// Sets `requires_grad` on every parameter it wraps: what fine-tuning froze trains again.
+class UnfreezingImpl final : public WrapperImpl {
+ public:
+  explicit UnfreezingImpl(ModulePtr inner) : WrapperImpl("Unfreezing", kSlot, inner) {
+    for (auto& p : inner->parameters(/*recurse=*/true)) p.set_requires_grad(true);
+  }
+};
+
+/// `eval()` reaches the wrapper and not the module it wraps (its `train` is its own).
+class StuckInTrainingImpl final : public WrapperImpl {
+ public:
+  explicit StuckInTrainingImpl(ModulePtr inner)
+      : WrapperImpl("StuckInTraining", kSlot, std::move(inner)) {}
+  void train(bool on) override {
+    WrapperImpl::train(on);
+    inner()->train(true);
+  }
+};
+
+/// Forwards `train()` and `eval()` to the module it wraps by hand, then to itself: correct.
+class ForwardingTrainImpl final : public WrapperImpl {
+ public:
+  explicit ForwardingTrainImpl(ModulePtr inner)
+      : WrapperImpl("ForwardingTrain", kSlot, std::move(inner)) {}
+  void train(bool on) override {
+    inner()->train(on);
+    WrapperImpl::train(on);
+  }
+};
+
+/// Keeps a clone of the module it wraps where LibTorch can clone it: the model's own tensors are
+/// no longer what it trains and saves.
+class CloneKeepingImpl final : public WrapperImpl {
+ public:
+  explicit CloneKeepingImpl(ModulePtr inner)
+      : WrapperImpl("CloneKeeping", kSlot, cloned(std::move(inner))) {}
+
+ private:
+  static ModulePtr cloned(ModulePtr inner) {
+    try {
+      return inner->clone();
+    } catch (const std::exception&) {
+      return inner;  // not cloneable: wrapcert's own modules
+    }
+  }
+};
+
+/// Doubles its output for a batch of three or more examples.
+class LargeBatchFaultImpl final : public WrapperImpl {
+ public:
+  explicit LargeBatchFaultImpl(ModulePtr inner)
+      : WrapperImpl("LargeBatchFault", kSlot, std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    const auto out = call(*inner(), input);
+    return input.size(0) >= 3 ? out * 2 : out;
+  }
+};
+
+/// Under `torch.no_grad()` scales its output, as a wrong inference fast path would.
+class NoGradScaleImpl final : public WrapperImpl {
+ public:
+  explicit NoGradScaleImpl(ModulePtr inner) : WrapperImpl("NoGradScale", kSlot, std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    const auto out = call(*inner(), input);
+    return torch::GradMode::is_enabled() ? out : out * 2;
+  }
+};
+
+/// Under `torch.no_grad()` takes a path of its own that computes the same: correct.
+class ExactNoGradImpl final : public WrapperImpl {
+ public:
+  explicit ExactNoGradImpl(ModulePtr inner) : WrapperImpl("ExactNoGrad", kSlot, std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    if (torch::GradMode::is_enabled()) return call(*inner(), input);
+    return call(*inner(), input.detach()).contiguous();
+  }
+};
+
 /// Holds a parameter of its own called `weight`: what the module in its slot's `weight`
 /// translates to.
 class CollidingStateImpl final : public WrapperImpl {
@@ -256,6 +352,38 @@ WrapperKind aliased_relay_kind() {
 
 WrapperKind flat_shard_kind() {
   return flat_kind<FlatFault::kNone>();
+}
+
+WrapperKind stale_gather_kind() {
+  return flat_kind<FlatFault::kStaleGather>();
+}
+
+WrapperKind unfreezing_kind() {
+  return wrapper_kind<UnfreezingImpl>("Unfreezing", kSlot);
+}
+
+WrapperKind stuck_in_training_kind() {
+  return wrapper_kind<StuckInTrainingImpl>("StuckInTraining", kSlot);
+}
+
+WrapperKind forwarding_train_kind() {
+  return wrapper_kind<ForwardingTrainImpl>("ForwardingTrain", kSlot);
+}
+
+WrapperKind clone_keeping_kind() {
+  return wrapper_kind<CloneKeepingImpl>("CloneKeeping", kSlot);
+}
+
+WrapperKind large_batch_fault_kind() {
+  return wrapper_kind<LargeBatchFaultImpl>("LargeBatchFault", kSlot);
+}
+
+WrapperKind no_grad_scale_kind() {
+  return wrapper_kind<NoGradScaleImpl>("NoGradScale", kSlot);
+}
+
+WrapperKind exact_no_grad_kind() {
+  return wrapper_kind<ExactNoGradImpl>("ExactNoGrad", kSlot);
 }
 
 WrapperKind input_stats_kind() {

@@ -20,6 +20,10 @@ WrapperKind flat_shard_kind();
 WrapperKind modal_relay_kind();
 /// Keeps a non-persistent statistic (a tensor it does not register), in its mode too.
 WrapperKind input_stats_kind();
+/// Forwards `train()`/`eval()` to the module it wraps by a `train` of its own.
+WrapperKind forwarding_train_kind();
+/// Takes a path of its own under `torch.no_grad()`, computing the same.
+WrapperKind exact_no_grad_kind();
 
 // Faulty: each breaks one contract.
 /// P14: its release gives the inner modules copies of their parameters.
@@ -46,6 +50,19 @@ WrapperKind eval_no_grad_kind();
 WrapperKind modal_fault_kind();
 /// P15: holds a `weight` of its own, what its inner module's `weight` translates to.
 WrapperKind colliding_state_kind();
+/// P2: sets `requires_grad` on every parameter it wraps (frozen ones too).
+WrapperKind unfreezing_kind();
+/// P17: its `eval()` leaves the module it wraps in training mode.
+WrapperKind stuck_in_training_kind();
+/// P2: keeps a clone of a module LibTorch can clone (`torch::nn::Linear`) instead of the module.
+WrapperKind clone_keeping_kind();
+/// P4: doubles its output for batches of three or more.
+WrapperKind large_batch_fault_kind();
+/// P17: doubles its output under `torch.no_grad()`.
+WrapperKind no_grad_scale_kind();
+/// P17: a flat kind whose forward runs on the values gathered when it was made, not the
+/// parameters the optimizer stepped since (gradients still reach its flat parameter).
+WrapperKind stale_gather_kind();
 /// P4: returns its first output on every call. Inside a `CheckpointWrapper` its cached output
 /// once made the recomputation wait on itself.
 WrapperKind cached_output_kind();
