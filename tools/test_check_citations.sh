@@ -21,8 +21,8 @@ printf '// docs/SEMANTICS.md §9\n' >"$work/repo/src/b.h"
 printf '// the duck-typing bug (hazard 12)\n' >"$work/repo/src/b.h"
 "$expect" 1 --output "src/b.h:1: hazard 12 is not in docs/SEMANTICS.md §2" \
   -- "$python" "$check" "$work/repo"
-printf '// P1-P17 hold\n' >"$work/repo/src/b.h"
-"$expect" 1 --output "src/b.h:1: P17 is no property of docs/SEMANTICS.md §4" \
+printf '// P1-P18 hold\n' >"$work/repo/src/b.h"
+"$expect" 1 --output "src/b.h:1: P18 is no property of docs/SEMANTICS.md §4" \
   -- "$python" "$check" "$work/repo"
 printf '// see notes/SEMANTICS.md\n' >"$work/repo/src/b.h"
 "$expect" 1 --output "cites 'notes/SEMANTICS.md', not docs/SEMANTICS.md" \
