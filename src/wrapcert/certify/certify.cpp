@@ -97,31 +97,27 @@ gen::GenOptions generation_options(const std::string& kind, std::optional<gen::D
   return g;
 }
 
-/// What the cases that held the certified kind drew: their modes, widths and batch sizes, and
-/// the leaves training varies. What a row's coverage line reports.
-struct Drawn {
-  std::array<int, 2> in_mode{};  // training mode, eval mode
-  std::set<int64_t> widths, batches;
-  int frozen = 0, mode_leaves = 0, cloneable = 0;
-  std::array<int, 2> optimizers{};  // SGD, Adam
-
-  void add(const gen::TreeSpec& spec) {
-    ++in_mode[spec.eval ? 1 : 0];
-    widths.insert(spec.dim);
-    batches.insert(spec.batch);
-    const auto s = gen::stats(spec);
-    frozen += s.frozen > 0;
-    mode_leaves += s.mode_leaves > 0;
-    cloneable += s.cloneable > 0;
-    ++optimizers[spec.optimizer == gen::Optimizer::kAdam ? 1 : 0];
-  }
-};
+/// Adds a case that held the certified kind to what a row drew.
+void add_drawn(Drawn& d, const gen::TreeSpec& spec, bool trains) {
+  ++(spec.eval ? d.eval : d.training);
+  auto insert = [](std::vector<int64_t>& v, int64_t x) {
+    const auto at = std::lower_bound(v.begin(), v.end(), x);
+    if (at == v.end() || *at != x) v.insert(at, x);
+  };
+  insert(d.widths, spec.dim);
+  insert(d.batches, spec.batch);
+  const auto s = gen::stats(spec);
+  d.frozen += s.frozen > 0;
+  d.mode_leaves += s.mode_leaves > 0;
+  d.cloneable += s.cloneable > 0;
+  if (trains) ++(spec.optimizer == gen::Optimizer::kAdam ? d.adam : d.sgd);
+}
 
 /// `1-8` for a run without gaps, else the values: `1, 3, 5`.
-std::string values_text(const std::set<int64_t>& values) {
+std::string values_text(const std::vector<int64_t>& values) {
   if (values.empty()) return "none";
-  const auto lo = *values.begin();
-  const auto hi = *values.rbegin();
+  const auto lo = values.front();
+  const auto hi = values.back();
   if (values.size() > 2 && static_cast<int64_t>(values.size()) == hi - lo + 1) {
     return std::to_string(lo) + "-" + std::to_string(hi);
   }
@@ -130,7 +126,8 @@ std::string values_text(const std::set<int64_t>& values) {
   return out;
 }
 
-/// "in 12 cases", or "never drawn": a dimension a row never saw says so.
+/// "frozen parameters in 12", or "no frozen parameters drawn": a dimension a row never saw
+/// says so.
 std::string drawn_in(int cases, const std::string& what) {
   return cases > 0 ? what + " in " + std::to_string(cases) : "no " + what + " drawn";
 }
@@ -139,22 +136,23 @@ std::string drawn_in(int cases, const std::string& what) {
 /// the dtype rows, the optimizers for the training loop's).
 void set_coverage(Entry& entry, const std::string& kind, const Drawn& drawn, bool by_mode,
                   bool trains) {
-  entry.exercised = drawn.in_mode[0] + drawn.in_mode[1];
+  entry.drawn = drawn;
+  entry.exercised = drawn.training + drawn.eval;
   entry.coverage = std::to_string(entry.exercised) + " of " + std::to_string(entry.cases) +
                    " cases held " + kind;
   if (by_mode) {
-    entry.coverage += " (" + std::to_string(drawn.in_mode[0]) + " in training mode, " +
-                      std::to_string(drawn.in_mode[1]) + " in eval mode)";
+    entry.coverage += " (" + std::to_string(drawn.training) + " in training mode, " +
+                      std::to_string(drawn.eval) + " in eval mode)";
   }
   if (entry.exercised == 0) return;
   entry.coverage += "; widths " + values_text(drawn.widths) + ", batches " +
                     values_text(drawn.batches) + ", " +
                     drawn_in(drawn.frozen, "frozen parameters") + ", " +
-                    drawn_in(drawn.mode_leaves, "a leaf computing by mode") + ", " +
-                    drawn_in(drawn.cloneable, "LibTorch's cloneable Linear");
+                    drawn_in(drawn.mode_leaves, "mode-dependent leaves") + ", " +
+                    drawn_in(drawn.cloneable, "cloneable LibTorch leaves");
   if (trains) {
-    entry.coverage += "; trained with SGD(momentum=0.9) in " + std::to_string(drawn.optimizers[0]) +
-                      ", Adam in " + std::to_string(drawn.optimizers[1]);
+    entry.coverage += "; trained with SGD(momentum=0.9) in " + std::to_string(drawn.sgd) +
+                      ", Adam in " + std::to_string(drawn.adam);
   }
 }
 
@@ -179,7 +177,7 @@ Entry run_generated(const std::string& kind, const props::GeneratedProperty& pro
         const auto v = property.check_case(c, translator);
         ++*runs;
         if (!v.skipped && std::find(held.begin(), held.end(), kind) != held.end()) {
-          drawn->add(spec);
+          add_drawn(*drawn, spec, property.trains);
         }
         if (!v.passed) {
           *shrunk = spec;  // shrinking accepts smaller failures in turn: the last is the minimum
@@ -262,7 +260,7 @@ std::vector<std::optional<Entry>> run_shared(
           if (v.skipped) {
             tally[i].skipped = true;
           } else if (holds) {
-            tally[i].drawn.add(spec);
+            add_drawn(tally[i].drawn, spec, members[i]->trains);
           }
         }
       });
@@ -561,6 +559,38 @@ Entry run_fixture_state(const std::string& kind, const Model& config,
   return entry;
 }
 
+nlohmann::json drawn_to_json(const Drawn& d) {
+  return {{"widths", d.widths},
+          {"batches", d.batches},
+          {"training", d.training},
+          {"eval", d.eval},
+          {"frozen", d.frozen},
+          {"mode_leaves", d.mode_leaves},
+          {"cloneable", d.cloneable},
+          {"sgd", d.sgd},
+          {"adam", d.adam},
+          {"even_rows", d.even_rows},
+          {"uneven_rows", d.uneven_rows},
+          {"empty_rows", d.empty_rows}};
+}
+
+Drawn drawn_from_json(const nlohmann::json& j) {
+  Drawn d;
+  d.widths = j.at("widths").get<std::vector<int64_t>>();
+  d.batches = j.at("batches").get<std::vector<int64_t>>();
+  d.training = j.at("training").get<int>();
+  d.eval = j.at("eval").get<int>();
+  d.frozen = j.at("frozen").get<int>();
+  d.mode_leaves = j.at("mode_leaves").get<int>();
+  d.cloneable = j.at("cloneable").get<int>();
+  d.sgd = j.at("sgd").get<int>();
+  d.adam = j.at("adam").get<int>();
+  d.even_rows = j.value("even_rows", 0);
+  d.uneven_rows = j.value("uneven_rows", 0);
+  d.empty_rows = j.value("empty_rows", 0);
+  return d;
+}
+
 nlohmann::json to_json_value(const Entry& e) {
   return {{"kind", e.kind},
           {"property", e.property},
@@ -573,7 +603,8 @@ nlohmann::json to_json_value(const Entry& e) {
           {"key", e.key},
           {"counterexample", e.counterexample},
           {"cases", e.cases},
-          {"seconds", e.seconds}};
+          {"seconds", e.seconds},
+          {"drawn", drawn_to_json(e.drawn)}};
 }
 
 Entry from_json_value(const nlohmann::json& j) {
@@ -590,6 +621,7 @@ Entry from_json_value(const nlohmann::json& j) {
   e.counterexample = j.at("counterexample").get<std::string>();
   e.cases = j.at("cases").get<int>();
   e.seconds = j.at("seconds").get<double>();
+  if (j.contains("drawn")) e.drawn = drawn_from_json(j.at("drawn"));
   return e;
 }
 

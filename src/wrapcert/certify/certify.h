@@ -85,6 +85,21 @@ using Listener = std::function<void(const Entry& entry, bool done)>;
 enum class Status { kPassed, kFailed, kSkipped };
 const char* to_string(Status status);
 
+/// What the cases that exercised a row on generated trees drew: the dimensions training varies.
+/// Empty for other rows. The reports' "exercised" section of each kind gathers its rows'.
+struct Drawn {
+  std::vector<int64_t> widths, batches;  ///< each value once, ascending
+  int training = 0, eval = 0;            ///< cases in each mode
+  int frozen = 0;                        ///< cases with frozen parameters
+  int mode_leaves = 0;                   ///< cases with a leaf that computes by mode
+  int cloneable = 0;                     ///< cases with LibTorch's cloneable `Linear`
+  int sgd = 0, adam = 0;                 ///< cases trained with each optimizer (P17 rows)
+  /// Across N ranks: cases whose width (the rows a first-dimension sharding splits) divides
+  /// evenly, does not, or is below N (some rank holds no row).
+  int even_rows = 0, uneven_rows = 0, empty_rows = 0;
+  bool empty() const { return training + eval == 0; }
+};
+
 struct Entry {
   std::string kind;      ///< the wrapper kind certified
   std::string property;  ///< "P1 keys"
@@ -100,6 +115,8 @@ struct Entry {
   int exercised = -1;
   /// How the exercised cases ran (`12 in training mode, 9 in eval mode`).
   std::string coverage;
+  /// What the exercised cases drew (generated trees).
+  Drawn drawn;
   double seconds = 0.0;
   std::string replay;  ///< for a failure: the command that runs this check again
 };
@@ -136,6 +153,11 @@ std::string to_markdown(const Report& report);
 std::string to_json(const Report& report);
 /// One testsuite per kind, one testcase per entry; failures carry the counterexample.
 std::string to_junit(const Report& report);
+
+/// The "exercised" section of `kind` in one paragraph: the dtypes, widths, batch sizes, modes,
+/// frozen parameters and leaves its rows' cases drew, the training loop's steps, the world
+/// sizes; a dimension none of them drew says so.
+std::string exercised_text(const Report& report, const std::string& kind);
 
 /// One entry as a JSON object, and back (how entries travel between processes).
 std::string entry_to_json(const Entry& entry);

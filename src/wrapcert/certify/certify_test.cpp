@@ -115,6 +115,54 @@ TEST(Certify, CertifiesACorrectNewKind) {
   EXPECT_EQ(report.count(Status::kFailed), 0u);
 }
 
+TEST(Certify, EachReportSaysWhatAPassExercised) {
+  auto o = quick();
+  o.models = {};
+  o.cases = 30;
+  o.properties = {"P2", "P17"};
+  const auto report = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), o);
+  ASSERT_TRUE(report.passed()) << to_markdown(report);
+  const auto text = exercised_text(report, "Relay");
+  EXPECT_THAT(text, HasSubstr("dtypes float64, float32, bfloat16, float16; widths "));
+  EXPECT_THAT(text, HasSubstr("training and eval mode"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("trained [0-9]+ cases \\(P17: 3 optimizer steps, "
+                                             "1 no-grad call and 2 mode switches each"));
+  EXPECT_THAT(text, HasSubstr("world size 1 (one process: nothing sharded)"));
+  EXPECT_THAT(to_markdown(report), HasSubstr("## Relay\n\nExercised: " + text + ".\n"));
+  EXPECT_THAT(to_summary(report), HasSubstr("\nExercised:\n- Relay: " + text + "\n"));
+  EXPECT_THAT(to_junit(report), HasSubstr("<property name=\"exercised\" value=\"dtypes float64"));
+  const auto json = nlohmann::json::parse(to_json(report));
+  const auto& relay = json["exercised"]["Relay"];
+  EXPECT_EQ(relay["text"], text);
+  EXPECT_GT(relay["trained_cases"].get<int>(), 0);
+  EXPECT_EQ(relay["optimizer_steps"].get<int>(), 3 * relay["trained_cases"].get<int>());
+  EXPECT_GT(relay["widths"].size(), 2u);
+  // Rows travel between processes as JSON: what they drew travels with them.
+  for (const auto& e : report.entries) {
+    if (e.kind != "Relay") continue;
+    const auto back = entry_from_json(entry_to_json(e));
+    EXPECT_EQ(back.drawn.widths, e.drawn.widths);
+    EXPECT_EQ(back.drawn.sgd + back.drawn.adam, e.drawn.sgd + e.drawn.adam);
+  }
+
+  // A dimension no case drew is named as never drawn, never left out.
+  Report narrow;
+  Entry one;
+  one.kind = "Narrow";
+  one.property = "P1 keys";
+  one.target = "generated trees";
+  one.exercised = 1;
+  one.drawn.widths = {3};
+  one.drawn.batches = {1};
+  one.drawn.training = 1;
+  narrow.entries.push_back(one);
+  EXPECT_EQ(exercised_text(narrow, "Narrow"),
+            "dtypes none run; widths 3; batches 1; training mode (no eval mode drawn); no "
+            "training loop run (P17 not certified here), no frozen parameters drawn, no "
+            "mode-dependent leaves drawn, no cloneable LibTorch leaves drawn; world size 1 (one "
+            "process: nothing sharded)");
+}
+
 TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
   const auto before = Registry::global().names();
   const auto loud = run(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());

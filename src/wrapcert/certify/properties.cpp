@@ -1091,6 +1091,8 @@ Verdict training_loop(Case& c) {
         {TrainingStep::What::kSwitchMode, spec.batch}, {TrainingStep::What::kTrain, 1},
         {TrainingStep::What::kSwitchMode, 1},          {TrainingStep::What::kTrain, spec.batch},
     };
+    static_assert(kTrainingOptimizerSteps + kTrainingNoGradCalls + kTrainingModeSwitches == 6,
+                  "the steps below are what reports say P17 ran");
     bool training = !spec.eval;
     std::string at;
     for (size_t i = 0; i < steps.size(); ++i) {

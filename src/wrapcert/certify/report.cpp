@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <pugixml.hpp>
 
+#include <algorithm>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 
 #ifndef WRAPCERT_VERSION
@@ -84,7 +86,106 @@ std::vector<std::string> kinds_in_order(const Report& report) {
   return kinds;
 }
 
+/// What every row of `kind` drew, gathered: the "exercised" section's figures.
+struct Exercised {
+  std::vector<std::string> dtypes;
+  std::set<int64_t> widths, batches, world_sizes;
+  bool training = false, eval = false;
+  bool generated = false;  ///< some row ran on generated trees
+  Drawn trained;           ///< the training loop's rows (P17), summed over dtypes
+  int trained_cases = 0;
+  Drawn most;  ///< the row with the most exercised cases, for the leaves outside P17
+  int even_rows = 0, uneven_rows = 0, empty_rows = 0;  ///< across ranks, summed over rows
+};
+
+Exercised gather(const Report& report, const std::string& kind) {
+  Exercised x;
+  for (const auto& e : report.entries) {
+    if (e.kind != kind) continue;
+    if (!e.dtype.empty() && e.exercised > 0 &&
+        std::find(x.dtypes.begin(), x.dtypes.end(), e.dtype) == x.dtypes.end()) {
+      x.dtypes.push_back(e.dtype);
+    }
+    if (e.drawn.empty()) continue;
+    x.generated = true;
+    const auto& d = e.drawn;
+    x.widths.insert(d.widths.begin(), d.widths.end());
+    x.batches.insert(d.batches.begin(), d.batches.end());
+    x.training = x.training || d.training > 0;
+    x.eval = x.eval || d.eval > 0;
+    const auto ranks = e.target.find("world size ");
+    x.world_sizes.insert(ranks == std::string::npos ? 1 : std::stoll(e.target.substr(ranks + 11)));
+    if (d.sgd + d.adam > 0) {
+      x.trained_cases += d.training + d.eval;
+      x.trained.sgd += d.sgd;
+      x.trained.adam += d.adam;
+      x.trained.frozen += d.frozen;
+      x.trained.mode_leaves += d.mode_leaves;
+      x.trained.cloneable += d.cloneable;
+    }
+    x.even_rows += d.even_rows;
+    x.uneven_rows += d.uneven_rows;
+    x.empty_rows += d.empty_rows;
+    if (d.training + d.eval > x.most.training + x.most.eval) x.most = d;
+  }
+  return x;
+}
+
+std::string set_text(const std::set<int64_t>& values) {
+  if (values.empty()) return "none";
+  const auto lo = *values.begin();
+  const auto hi = *values.rbegin();
+  if (values.size() > 2 && static_cast<int64_t>(values.size()) == hi - lo + 1) {
+    return std::to_string(lo) + "-" + std::to_string(hi);
+  }
+  std::string out;
+  for (const auto v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+std::string in_cases(int cases, const std::string& what) {
+  return cases > 0 ? std::to_string(cases) + " with " + what : "no " + what + " drawn";
+}
+
 }  // namespace
+
+std::string exercised_text(const Report& report, const std::string& kind) {
+  const auto x = gather(report, kind);
+  if (!x.generated) return "no generated case held " + kind;
+  std::string dtypes;
+  for (const auto& d : x.dtypes) dtypes += (dtypes.empty() ? "" : ", ") + d;
+  std::string out = "dtypes " + (dtypes.empty() ? std::string("none run") : dtypes) + "; widths " +
+                    set_text(x.widths) + "; batches " + set_text(x.batches) + "; " +
+                    (x.training && x.eval ? "training and eval mode"
+                     : x.training         ? "training mode (no eval mode drawn)"
+                                          : "eval mode (no training mode drawn)") +
+                    "; ";
+  // The leaves: as the training loop drew them where it ran, else as the largest row did.
+  const bool trained = x.trained_cases > 0;
+  const auto& leaves = trained ? x.trained : x.most;
+  if (trained) {
+    out += "trained " + std::to_string(x.trained_cases) +
+           " cases (P17: " + std::to_string(props::kTrainingOptimizerSteps) + " optimizer steps, " +
+           std::to_string(props::kTrainingNoGradCalls) + " no-grad call and " +
+           std::to_string(props::kTrainingModeSwitches) +
+           " mode switches each; SGD(momentum=0.9) in " + std::to_string(x.trained.sgd) +
+           ", Adam in " + std::to_string(x.trained.adam) + "), ";
+  } else {
+    out += "no training loop run (P17 not certified here), ";
+  }
+  out += in_cases(leaves.frozen, "frozen parameters") + ", " +
+         in_cases(leaves.mode_leaves, "mode-dependent leaves") + ", " +
+         in_cases(leaves.cloneable, "cloneable LibTorch leaves") + "; world size" +
+         (x.world_sizes.size() > 1 ? "s " : " ") + set_text(x.world_sizes) +
+         (x.world_sizes == std::set<int64_t>{1} ? " (one process: nothing sharded)" : "");
+  if (x.world_sizes != std::set<int64_t>{1}) {
+    out += "; widths against the ranks: " + std::to_string(x.even_rows) + " even, " +
+           std::to_string(x.uneven_rows) + " uneven, " +
+           (x.empty_rows > 0 ? std::to_string(x.empty_rows) + " with a rank holding no row"
+                             : std::string("no rank without a row drawn"));
+  }
+  return out;
+}
 
 std::string to_summary(const Report& report) {
   const auto kinds = kinds_in_order(report);
@@ -124,6 +225,11 @@ std::string to_summary(const Report& report) {
     }
     out << "\n";
   }
+  out << "\nExercised:\n";
+  for (const auto& k : kinds) {
+    if (k == "hardware") continue;
+    out << "- " << k << ": " << exercised_text(report, k) << "\n";
+  }
   return out.str();
 }
 
@@ -134,8 +240,9 @@ std::string to_markdown(const Report& report) {
       << " failed, " << report.count(Status::kSkipped) << " skipped; seed " << report.options.seed
       << ", " << report.options.cases << " cases per property\n";
   for (const auto& kind : kinds_in_order(report)) {
-    out << "\n## " << kind
-        << "\n\n| property | target | result | cases | exercised | seconds | details |\n"
+    out << "\n## " << kind << "\n";
+    if (kind != "hardware") out << "\nExercised: " << exercised_text(report, kind) << ".\n";
+    out << "\n| property | target | result | cases | exercised | seconds | details |\n"
         << "|---|---|---|---:|---:|---:|---|\n";
     for (const auto& e : report.entries) {
       if (e.kind != kind) continue;
@@ -193,6 +300,26 @@ std::string to_json(const Report& report) {
   j["summary"] = {{"passed", report.count(Status::kPassed)},
                   {"failed", report.count(Status::kFailed)},
                   {"skipped", report.count(Status::kSkipped)}};
+  j["exercised"] = nlohmann::json::object();
+  for (const auto& kind : kinds_in_order(report)) {
+    if (kind == "hardware") continue;
+    const auto x = gather(report, kind);
+    j["exercised"][kind] = {
+        {"text", exercised_text(report, kind)},
+        {"dtypes", x.dtypes},
+        {"widths", x.widths},
+        {"batches", x.batches},
+        {"modes", (x.training && x.eval ? std::vector<std::string>{"training", "eval"}
+                   : x.training         ? std::vector<std::string>{"training"}
+                   : x.eval             ? std::vector<std::string>{"eval"}
+                                        : std::vector<std::string>{})},
+        {"trained_cases", x.trained_cases},
+        {"optimizer_steps", x.trained_cases * props::kTrainingOptimizerSteps},
+        {"no_grad_calls", x.trained_cases * props::kTrainingNoGradCalls},
+        {"mode_switches", x.trained_cases * props::kTrainingModeSwitches},
+        {"optimizers", {{"SGD(momentum=0.9)", x.trained.sgd}, {"Adam", x.trained.adam}}},
+        {"world_sizes", x.world_sizes}};
+  }
   j["entries"] = nlohmann::json::array();
   for (const auto& e : report.entries) {
     j["entries"].push_back({{"kind", e.kind},
@@ -208,6 +335,21 @@ std::string to_json(const Report& report) {
                             {"coverage", e.coverage},
                             {"seconds", e.seconds},
                             {"replay", e.replay}});
+    if (!e.drawn.empty()) {
+      const auto& d = e.drawn;
+      j["entries"].back()["drawn"] = {{"widths", d.widths},
+                                      {"batches", d.batches},
+                                      {"training", d.training},
+                                      {"eval", d.eval},
+                                      {"frozen", d.frozen},
+                                      {"mode_leaves", d.mode_leaves},
+                                      {"cloneable", d.cloneable},
+                                      {"sgd", d.sgd},
+                                      {"adam", d.adam},
+                                      {"even_rows", d.even_rows},
+                                      {"uneven_rows", d.uneven_rows},
+                                      {"empty_rows", d.empty_rows}};
+    }
   }
   return j.dump(2) + "\n";
 }
@@ -249,6 +391,11 @@ std::string to_junit(const Report& report) {
     suite.append_attribute("failures") = static_cast<unsigned long long>(failures);
     suite.append_attribute("skipped") = static_cast<unsigned long long>(skipped);
     suite.append_attribute("time") = seconds_text(seconds).c_str();
+    if (kind != "hardware") {
+      auto property = suite.append_child("properties").append_child("property");
+      property.append_attribute("name") = "exercised";
+      property.append_attribute("value") = xml_text(exercised_text(report, kind)).c_str();
+    }
     for (const auto& e : report.entries) {
       if (e.kind != kind) continue;
       auto test = suite.append_child("testcase");
