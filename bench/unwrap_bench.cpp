@@ -339,6 +339,20 @@ void BM_PropertyBackward(benchmark::State& state) {
       specs);
 }
 
+void BM_PropertyTraining(benchmark::State& state) {
+  // P17 on cases of one dtype, as certification runs it: two models trained side by side for
+  // six steps, then saved and loaded.
+  const auto dtype = wrapcert::gen::kAllDtypes[state.range(0)];
+  state.SetLabel(wrapcert::gen::to_string(dtype));
+  const auto specs = draw_specs(dtype);
+  run_property(
+      state,
+      [](const auto& spec, const auto& u) {
+        return wrapcert::props::training_loop(spec, u).passed;
+      },
+      specs);
+}
+
 /// A kind whose `make` walks all of the module it wraps (as a cast or a device move in place
 /// does): building a deep chain of it by nesting is quadratic, which certification must not be.
 class WalkingRelayImpl final : public wrapcert::WrapperImpl {
@@ -534,6 +548,7 @@ BENCHMARK(BM_TranslateKeys)->ArgName("layout")->Arg(0)->Arg(1);
 BENCHMARK(BM_PropertyStructural);
 BENCHMARK(BM_PropertyStructuralAlone);
 BENCHMARK(BM_PropertyBackward)->ArgName("dtype")->DenseRange(0, 3);
+BENCHMARK(BM_PropertyTraining)->ArgName("dtype")->DenseRange(0, 3);
 BENCHMARK(BM_CertifyOneKind)->ArgName("kind")->DenseRange(0, 3)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyPython)->ArgName("wrapper")->DenseRange(0, 2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyPythonAcrossRanks)->ArgName("world_size")->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();

@@ -96,7 +96,7 @@ if [ "$quick" = 1 ]; then
   sizes=100,1000,10000
   if [ "$busy" = 1 ]; then sizes+=,60000; fi
   filter="^BM_[A-Za-z]+Layout(OnMeta)?/|^BM_TranslateKeys/|^BM_($trees)/modules:(${sizes//,/|})\$"
-  filter+="|^BM_PropertyStructural\$|^BM_PropertyBackward/|^BM_CertifyPython/wrapper:0/"
+  filter+="|^BM_PropertyStructural\$|^BM_PropertyBackward/|^BM_PropertyTraining/|^BM_CertifyPython/wrapper:0/"
   cpp_args=(--benchmark_filter="$filter" --benchmark_min_time=0.05)
 else
   mode=full

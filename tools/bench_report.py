@@ -528,6 +528,14 @@ def target_rows(figures, tree_list, times, context=None):
         py, r = peer_cells(fig, "p4_cases_per_s")
         rows.append(f"| P4 backward, {source.label or name} | {text} | {py} | {r} | "
                     f"≥ {TARGET_P4 // 1000}k/s | {met(mid >= TARGET_P4)} |")
+    for name in sorted(n for n in figures if n.startswith("BM_PropertyTraining/")):
+        source = figures[name]
+        if not source.counters.get("items_per_second"):
+            continue
+        text, _ = fmt_rate(rate_figure(name, source.counters["items_per_second"]))
+        # certify-python has no training loop yet: no peer to put beside it, and no target.
+        rows.append(f"| P17 training, {source.label or name} | {text} | – (no training loop in "
+                    f"certify-python yet) | – | – | |")
     for title, kind, arg, figs in tree_list:
         if "python" not in figs or "reference" not in figs:
             continue

@@ -350,6 +350,10 @@ class Targets(Workdir):
                          label="float64"):
             e["items_per_second"] = 1e9 / e["real_time"]
             cpp.append(e)
+        for e in entries("BM_PropertyTraining/dtype:2", spread_around(1e9 / 400, 0.02, reps),
+                         label="bfloat16"):
+            e["items_per_second"] = 1e9 / e["real_time"]
+            cpp.append(e)
         # The Python peer: wall time on purpose (its work is in the worker), counters per run.
         for i, e in enumerate(entries("BM_CertifyPython/wrapper:0/iterations:1/real_time",
                                       spread_around(3e9, 0.02, reps), cpu_share=0.05,
@@ -384,6 +388,10 @@ class Targets(Workdir):
         p4 = rows["P4 backward, float64"]
         self.assertRegex(p4[3], r"^3\.9\d× \(")
         self.assertEqual(p4[5], "**not met**")
+        # The training loop in each dtype; certify-python has no training loop to compare with.
+        p17 = rows["P17 training, bfloat16"]
+        self.assertRegex(p17[1], r"^400/s \(|^0\.4\d*k/s \(")
+        self.assertIn("no training loop in certify-python", p17[2])
         gemma = rows["unwrap, gemma-2b: reference C++"]
         self.assertRegex(gemma[3], r"^200× \(")
         self.assertEqual(gemma[4], "≥ 150×")
