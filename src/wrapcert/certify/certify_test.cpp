@@ -573,7 +573,10 @@ INSTANTIATE_TEST_SUITE_P(
                       RunningFault{wrapcert::test_support::no_grad_scale_kind, "NoGradScale",
                                    "P17 training", "", "a call under torch.no_grad()"},
                       RunningFault{wrapcert::test_support::stale_gather_kind, "StaleGather",
-                                   "P17 training", "", "differs"}),
+                                   "P17 training", "", "differs"},
+                      RunningFault{wrapcert::test_support::optimizer_breaking_kind,
+                                   "OptimizerBreaking", "P17 training", "",
+                                   "the optimizer step over the wrapped model's parameters threw"}),
     [](const auto& info) {
       std::string name = info.param.certified;
       for (auto& c : name) {

@@ -984,20 +984,20 @@ std::vector<torch::Tensor> unique_parameters(const ModulePtr& root) {
   return out;
 }
 
-/// An optimizer over a model's parameters. In bfloat16 and float16 it steps float32 master
-/// copies and rounds them back into the parameters, as mixed-precision training does: LibTorch's
+/// An optimizer over a model's parameters. Each bfloat16 or float16 one it steps as a float32
+/// master copy, rounded back into the parameter, as mixed-precision training does: LibTorch's
 /// CPU kernels round a bfloat16 `add_(x, alpha)` once in their vectorised body and twice in their
 /// tail, so a step over one flat tensor and over its pieces would differ by layout alone, and
 /// LibTorch 1.13 has no float16 CPU kernel for Adam's `addcmul`.
 class Trainer {
  public:
   Trainer(gen::Optimizer kind, std::vector<torch::Tensor> params) : params_(std::move(params)) {
-    std::vector<torch::Tensor> stepped = params_;
-    const bool half = !params_.empty() && (params_[0].scalar_type() == torch::kBFloat16 ||
-                                           params_[0].scalar_type() == torch::kHalf);
-    if (half) {
-      for (auto& p : stepped) p = p.detach().to(torch::kFloat).requires_grad_(p.requires_grad());
-      masters_ = stepped;
+    std::vector<torch::Tensor> stepped;
+    for (const auto& p : params_) {
+      const bool half = p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf;
+      masters_.push_back(half ? p.detach().to(torch::kFloat).requires_grad_(p.requires_grad())
+                              : torch::Tensor());
+      stepped.push_back(half ? masters_.back() : p);
     }
     if (kind == gen::Optimizer::kAdam) {
       optimizer_ = std::make_unique<torch::optim::Adam>(stepped, torch::optim::AdamOptions(1e-2));
@@ -1007,21 +1007,21 @@ class Trainer {
     }
   }
   void step() {
-    if (masters_.empty()) {
-      optimizer_->step();
-      return;
-    }
     for (size_t i = 0; i < params_.size(); ++i) {
+      if (!masters_[i].defined()) continue;
       const auto& g = params_[i].grad();
       masters_[i].mutable_grad() = g.defined() ? g.to(torch::kFloat) : torch::Tensor();
     }
     optimizer_->step();
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(masters_[i]);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (masters_[i].defined()) params_[i].copy_(masters_[i]);
+    }
   }
 
  private:
-  std::vector<torch::Tensor> params_, masters_;
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> masters_;  ///< float32 copies of the half-precision ones
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

@@ -290,6 +290,24 @@ class ExactNoGradImpl final : public WrapperImpl {
   }
 };
 
+/// Holds a gain of its own (declared) whose gradient it leaves twice as long as the gain: every
+/// forward and backward agrees with the model's, and any optimizer step raises.
+class OptimizerBreakingImpl final : public WrapperImpl {
+ public:
+  explicit OptimizerBreakingImpl(ModulePtr inner)
+      : WrapperImpl("OptimizerBreaking", kSlot, std::move(inner)) {
+    register_parameter("_gain", torch::ones({1}, torch::kDouble));
+  }
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    auto gain = named_parameters(/*recurse=*/false)["_gain"];
+    gain.mutable_grad() = torch::zeros({2}, gain.options());  // backward adds to it: still [2]
+    const auto out = call(*inner(), input);
+    return out + (gain.sum() - gain.sum().detach()).to(out.scalar_type());
+  }
+};
+
 /// Holds a parameter of its own called `weight`: what the module in its slot's `weight`
 /// translates to.
 class CollidingStateImpl final : public WrapperImpl {
@@ -380,6 +398,12 @@ WrapperKind large_batch_fault_kind() {
 
 WrapperKind no_grad_scale_kind() {
   return wrapper_kind<NoGradScaleImpl>("NoGradScale", kSlot);
+}
+
+WrapperKind optimizer_breaking_kind() {
+  auto kind = wrapper_kind<OptimizerBreakingImpl>("OptimizerBreaking", kSlot);
+  kind.owned_state = {"_gain"};
+  return kind;
 }
 
 WrapperKind exact_no_grad_kind() {

@@ -63,6 +63,8 @@ WrapperKind no_grad_scale_kind();
 /// P17: a flat kind whose forward runs on the values gathered when it was made, not the
 /// parameters the optimizer stepped since (gradients still reach its flat parameter).
 WrapperKind stale_gather_kind();
+/// P17: leaves its own parameter a gradient of another shape, so that an optimizer step raises.
+WrapperKind optimizer_breaking_kind();
 /// P4: returns its first output on every call. Inside a `CheckpointWrapper` its cached output
 /// once made the recomputation wait on itself.
 WrapperKind cached_output_kind();
