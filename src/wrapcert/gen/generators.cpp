@@ -164,10 +164,7 @@ std::string describe(const TreeSpec& spec, const Built& built, const std::string
                         std::to_string(spec.dim) + " wide, run in " +
                         (spec.eval ? "eval" : "training") + " mode on a batch of " +
                         std::to_string(spec.batch) + ", trained with " + to_string(spec.optimizer) +
-                        (spec.dtype == Dtype::kBFloat16 || spec.dtype == Dtype::kFloat16
-                             ? " on float32 master weights"
-                             : "") +
-                        "\n";
+                        (spec.dtype != Dtype::kFloat64 ? " on float64 master weights" : "") + "\n";
   // PyTorch's print does not show what is frozen: the keys are listed.
   std::set<const void*> buffers;
   for (const auto& b : built.root->buffers()) buffers.insert(b.unsafeGetTensorImpl());
