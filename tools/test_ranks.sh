@@ -67,12 +67,14 @@ case $group in
       run 0 certify --plugin "$plugin" --world-size $world --cases 10 --seed 3 --quiet \
         --wrappers ShardRows ShardRowsSum MixedShardRows --dtypes float64,float32
       for fault in OffByOneShard:P1 OffByOneShard:P10 PaddingDropped:P1 GatherToWrongRank:P1 \
-                   AveragingShard:P4 MixedBf16Reduce:P4; do
+                   AveragingShard:P4 MixedBf16Reduce:P4 StateOnRank1:P1; do
         kind=${fault%%:*} property=${fault##*:}
         run 1 certify --plugin "$plugin" --world-size $world --cases 20 --seed 3 --quiet \
           --wrappers "$kind" --properties "$property" --dtypes float32 --json "$dir/$kind.json"
         entry "$dir/$kind.json" "$property" failed
       done
+      grep -q "saves the wrapper state '.*_step', which rank 0 does not" "$dir/StateOnRank1.json" ||
+        fail "declared state on one rank alone is not named"
     done
     no_leftovers
     ;;

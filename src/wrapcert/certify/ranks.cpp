@@ -163,6 +163,22 @@ std::vector<Held> held_state(const ModulePtr& root) {
   return out;
 }
 
+/// The keys of `root`'s state dict that its wrappers declare as their own state (`owned_state`):
+/// saved beside the model's, so every rank must save the same ones.
+std::vector<std::string> owned_keys(const ModulePtr& root) {
+  std::set<std::string> owned;
+  for (const auto& [module, path] : module_paths(*root)) {
+    if (const auto* kind = Registry::global().find(*module)) {
+      for (const auto& name : kind->owned_state) owned.insert(join(path, name));
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& item : state_dict(root)) {
+    if (owned.count(item.key())) out.push_back(item.key());
+  }
+  return out;
+}
+
 std::vector<double> doubles(const torch::Tensor& t) {
   const auto d = t.detach().to(torch::kDouble).contiguous();
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
@@ -380,10 +396,12 @@ Verdict keys_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   std::vector<Held> held;
   std::string error;
   StateDict model;
+  std::vector<std::string> owned;
   Verdict local = guarded(property, [&] {
     const auto built = gen::build(spec);
     model = built.original;
     held = held_state(built.root);
+    owned = owned_keys(built.root);
     for (const auto& h : held) {
       if (h.clean.empty())
         return fail(property, "'" + h.wrapped + "' has no key in the model", h.wrapped);
@@ -394,6 +412,36 @@ Verdict keys_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   if (auto stop = agree_and_tile(property, c.group, local, held, false, model, ranks)) {
     return *stop;
   }
+  // The wrappers' declared state is saved beside the model's: every rank saves the same keys of
+  // it, or the ranks' checkpoints disagree (a key on one rank alone). Every rank sees every
+  // rank's list, so all of them judge alike.
+  Verdict same_owned{property, true, false, {}, {}};
+  {
+    const auto lists = c.group.all_gather_text(json(owned).dump());
+    const auto first = json::parse(lists.at(0)).get<std::vector<std::string>>();
+    for (size_t r = 1; r < lists.size() && same_owned.passed; ++r) {
+      const auto other = json::parse(lists[r]).get<std::vector<std::string>>();
+      for (const auto& key : other) {
+        if (std::find(first.begin(), first.end(), key) == first.end()) {
+          same_owned = fail(property,
+                            "rank " + std::to_string(r) + " saves the wrapper state '" + key +
+                                "', which rank 0 does not: the ranks' checkpoints disagree",
+                            key);
+          break;
+        }
+      }
+      for (const auto& key : first) {
+        if (!same_owned.passed) break;
+        if (std::find(other.begin(), other.end(), key) == other.end()) {
+          same_owned = fail(property,
+                            "rank 0 saves the wrapper state '" + key + "', which rank " +
+                                std::to_string(r) + " does not: the ranks' checkpoints disagree",
+                            key);
+        }
+      }
+    }
+  }
+  if (!same_owned.passed) return same_owned;  // alike on every rank: no collective is left out
   // The full state dict on rank 0 holds every key the ranks shard.
   local = guarded(property, [&] {
     const auto built = gen::build(spec);

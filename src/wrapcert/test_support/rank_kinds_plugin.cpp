@@ -44,7 +44,8 @@ enum class Fault {
   kWrongRank,
   kMixedBf16Reduce,
   kKill,
-  kHang
+  kHang,
+  kRankOneState
 };
 
 constexpr const char* kSlot = "_sharded_module";
@@ -72,6 +73,8 @@ const char* name_of() {
       return "KillsRank1";
     case Fault::kHang:
       return "HangsRank1";
+    case Fault::kRankOneState:
+      return "StateOnRank1";
   }
   return "";
 }
@@ -113,6 +116,10 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
     if (F == Fault::kMixed) options.reduce_dtype = torch::kFloat;
     if (F == Fault::kMixedBf16Reduce) options.reduce_dtype = torch::kBFloat16;
     shards_.take(this->inner(), group_, options, skip);
+    // Declared state that rank 1 alone saves: each rank's checkpoint has other keys.
+    if (F == Fault::kRankOneState && group_->rank() == 1) {
+      register_buffer("_step", torch::zeros({}, torch::kLong));
+    }
   }
 
   ModulePtr release() {
@@ -248,6 +255,7 @@ wrapcert::WrapperKind kind(bool sums = false,
   k.ranks.certify = true;
   if (sums) k.ranks.reduction = GradientReduction::kSum;
   k.ranks.compute_dtype = compute;
+  if (F == Fault::kRankOneState) k.owned_state = {"_step"};
   return k;
 }
 
@@ -264,4 +272,5 @@ WRAPCERT_PLUGIN(registry) {
   registry.add(kind<Fault::kMixedBf16Reduce>(false, torch::kBFloat16));
   registry.add(kind<Fault::kKill>());
   registry.add(kind<Fault::kHang>());
+  registry.add(kind<Fault::kRankOneState>());
 }
