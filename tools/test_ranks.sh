@@ -67,7 +67,7 @@ case $group in
       run 0 certify --plugin "$plugin" --world-size $world --cases 10 --seed 3 --quiet \
         --wrappers ShardRows ShardRowsSum MixedShardRows --dtypes float64,float32
       for fault in OffByOneShard:P1 OffByOneShard:P10 PaddingDropped:P1 GatherToWrongRank:P1 \
-                   AveragingShard:P4 MixedBf16Reduce:P4 StateOnRank1:P1; do
+                   AveragingShard:P4 MixedBf16Reduce:P4 StateOnRank1:P1 ReleaseAddsOnRank1:P14; do
         kind=${fault%%:*} property=${fault##*:}
         run 1 certify --plugin "$plugin" --world-size $world --cases 20 --seed 3 --quiet \
           --wrappers "$kind" --properties "$property" --dtypes float32 --json "$dir/$kind.json"
@@ -75,6 +75,8 @@ case $group in
       done
       grep -q "saves the wrapper state '.*_step', which rank 0 does not" "$dir/StateOnRank1.json" ||
         fail "declared state on one rank alone is not named"
+      grep -q "the ranks' released state dicts differ: rank [01] saves '" \
+        "$dir/ReleaseAddsOnRank1.json" || fail "a released state dict of one rank alone is not named"
     done
     no_leftovers
     ;;

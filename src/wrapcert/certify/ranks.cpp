@@ -613,6 +613,7 @@ Verdict backward_across_ranks(const gen::TreeSpec& spec, const Case& c) {
 Verdict release_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   const std::string property = kRelease;
   const double delta = 0.125;
+  std::vector<std::string> released;  // this rank's state-dict keys once released
   std::vector<Held> held;
   StateDict model;
   gen::Built built;
@@ -658,6 +659,7 @@ Verdict release_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     }
     const auto translator = KeyTranslator::from_tree(built.root);
     const auto state = state_dict(built.root);
+    released = state.keys();
     for (const auto& item : state) {
       std::string clean;
       try {
@@ -683,6 +685,33 @@ Verdict release_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     }
     return Verdict{property, true, false, {}, {}};
   });
+  // What each rank would save once released: the same keys on every rank (every rank gathers,
+  // whatever its own verdict, so that none waits).
+  const auto lists = c.group.all_gather_text(json(released).dump());
+  if (local.passed) {
+    const auto first = json::parse(lists.at(0)).get<std::vector<std::string>>();
+    for (size_t r = 1; r < lists.size() && local.passed; ++r) {
+      const auto other = json::parse(lists[r]).get<std::vector<std::string>>();
+      if (other == first) continue;
+      std::string key, where;
+      for (const auto& k : other) {
+        if (std::find(first.begin(), first.end(), k) == first.end()) {
+          key = k;
+          where = "rank " + std::to_string(r) + " saves '" + k + "' after release, rank 0 does not";
+          break;
+        }
+      }
+      for (const auto& k : first) {
+        if (!key.empty()) break;
+        if (std::find(other.begin(), other.end(), k) == other.end()) {
+          key = k;
+          where = "rank 0 saves '" + k + "' after release, rank " + std::to_string(r) + " does not";
+        }
+      }
+      if (key.empty()) where = "rank " + std::to_string(r) + " saves the keys in another order";
+      local = fail(property, "the ranks' released state dicts differ: " + where, key);
+    }
+  }
   return agree(c.group, local);
 }
 

@@ -45,7 +45,8 @@ enum class Fault {
   kMixedBf16Reduce,
   kKill,
   kHang,
-  kRankOneState
+  kRankOneState,
+  kReleaseAddsOnRank1
 };
 
 constexpr const char* kSlot = "_sharded_module";
@@ -75,6 +76,8 @@ const char* name_of() {
       return "HangsRank1";
     case Fault::kRankOneState:
       return "StateOnRank1";
+    case Fault::kReleaseAddsOnRank1:
+      return "ReleaseAddsOnRank1";
   }
   return "";
 }
@@ -134,6 +137,10 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
       return inner();
     }
     shards_.restore();
+    // A buffer rank 1 alone adds as it releases: its released checkpoint has a key more.
+    if (F == Fault::kReleaseAddsOnRank1 && group_->rank() == 1) {
+      register_buffer("_released", torch::ones({1}));
+    }
     return inner();
   }
 
@@ -273,4 +280,5 @@ WRAPCERT_PLUGIN(registry) {
   registry.add(kind<Fault::kKill>());
   registry.add(kind<Fault::kHang>());
   registry.add(kind<Fault::kRankOneState>());
+  registry.add(kind<Fault::kReleaseAddsOnRank1>());
 }
