@@ -1450,7 +1450,10 @@ const std::vector<GeneratedProperty>& generated_properties() {
                  "trained model saves and loads",
                  on_case(training_loop), Stage::kAfterUnwrapped, /*numeric=*/true),
     };
-    table.back().trains = true;  // P17
+    // P17 trains copies of its own, built from the spec: sharing a case saves it nothing, and a
+    // case it skips (a diverged run, a tie across a flat unit) would have it run again alone.
+    table.back().trains = true;
+    table.back().shares_cases = false;
     auto& p7 = table[6];
     p7.adjust = [](gen::GenOptions& o) { o.root_chain_only = true; };
     p7.shares_cases = false;
