@@ -97,7 +97,8 @@ gen::GenOptions generation_options(const std::string& kind, std::optional<gen::D
   return g;
 }
 
-/// Adds a case that held the certified kind to what a row drew.
+}  // namespace
+
 void add_drawn(Drawn& d, const gen::TreeSpec& spec, bool trains) {
   ++(spec.eval ? d.eval : d.training);
   auto insert = [](std::vector<int64_t>& v, int64_t x) {
@@ -112,6 +113,8 @@ void add_drawn(Drawn& d, const gen::TreeSpec& spec, bool trains) {
   d.cloneable += s.cloneable > 0;
   if (trains) ++(spec.optimizer == gen::Optimizer::kAdam ? d.adam : d.sgd);
 }
+
+namespace {
 
 /// `1-8` for a run without gaps, else the values: `1, 3, 5`.
 std::string values_text(const std::vector<int64_t>& values) {
@@ -132,8 +135,8 @@ std::string drawn_in(int cases, const std::string& what) {
   return cases > 0 ? what + " in " + std::to_string(cases) : "no " + what + " drawn";
 }
 
-/// The coverage line of a row: how many of its cases held `kind`, and what they drew (modes for
-/// the dtype rows, the optimizers for the training loop's).
+}  // namespace
+
 void set_coverage(Entry& entry, const std::string& kind, const Drawn& drawn, bool by_mode,
                   bool trains) {
   entry.drawn = drawn;
@@ -155,6 +158,8 @@ void set_coverage(Entry& entry, const std::string& kind, const Drawn& drawn, boo
                       ", Adam in " + std::to_string(drawn.adam);
   }
 }
+
+namespace {
 
 Entry run_generated(const std::string& kind, const props::GeneratedProperty& property,
                     const props::UnwrapSubject& subject, const props::Translator& translator,

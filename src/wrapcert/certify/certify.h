@@ -154,6 +154,14 @@ std::string to_json(const Report& report);
 /// One testsuite per kind, one testcase per entry; failures carry the counterexample.
 std::string to_junit(const Report& report);
 
+/// Adds a case that held the certified kind to what a row drew (`trains`: the row trains, and
+/// counts the case's optimizer).
+void add_drawn(Drawn& drawn, const gen::TreeSpec& spec, bool trains);
+/// Sets a row's `drawn`, `exercised` and coverage line from what its cases drew: how many held
+/// `kind`, by mode where `by_mode`, and the optimizers where `trains`.
+void set_coverage(Entry& entry, const std::string& kind, const Drawn& drawn, bool by_mode,
+                  bool trains);
+
 /// The "exercised" section of `kind` in one paragraph: the dtypes, widths, batch sizes, modes,
 /// frozen parameters and leaves its rows' cases drew, the training loop's steps, the world
 /// sizes; a dimension none of them drew says so.

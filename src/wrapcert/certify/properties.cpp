@@ -1003,10 +1003,11 @@ class Trainer {
       stepped.push_back(master ? masters_.back() : p);
     }
     if (kind == gen::Optimizer::kAdam) {
-      optimizer_ = std::make_unique<torch::optim::Adam>(stepped, torch::optim::AdamOptions(1e-2));
+      optimizer_ = std::make_unique<torch::optim::Adam>(
+          stepped, torch::optim::AdamOptions(kTrainingLearningRate));
     } else {
       optimizer_ = std::make_unique<torch::optim::SGD>(
-          stepped, torch::optim::SGDOptions(1e-2).momentum(0.9));
+          stepped, torch::optim::SGDOptions(kTrainingLearningRate).momentum(kTrainingMomentum));
     }
   }
   void step() {
@@ -1031,12 +1032,6 @@ class Trainer {
 bool finite(const torch::Tensor& t) {
   return !t.defined() || t.isfinite().all().item<bool>();
 }
-
-/// One step of the training loop: what it does to both models.
-struct TrainingStep {
-  enum class What { kTrain, kNoGrad, kSwitchMode } what;
-  int64_t batch;
-};
 
 }  // namespace
 
@@ -1109,13 +1104,7 @@ Verdict training_loop(Case& c) {
     Trainer wrapped_optimizer(optimizer_kind, std::move(wrapped_parameters));
     Trainer plain_optimizer(optimizer_kind, unique_parameters(plain.root));
 
-    const std::vector<TrainingStep> steps = {
-        {TrainingStep::What::kTrain, spec.batch},      {TrainingStep::What::kNoGrad, 1},
-        {TrainingStep::What::kSwitchMode, spec.batch}, {TrainingStep::What::kTrain, 1},
-        {TrainingStep::What::kSwitchMode, 1},          {TrainingStep::What::kTrain, spec.batch},
-    };
-    static_assert(kTrainingOptimizerSteps + kTrainingNoGradCalls + kTrainingModeSwitches == 6,
-                  "the steps below are what reports say P17 ran");
+    const auto steps = training_steps(spec.batch);
     bool training = !spec.eval;
     std::string at;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -1130,7 +1119,7 @@ Verdict training_loop(Case& c) {
       // compute: values and outputs are then held to the gradients' tolerance.
       const double value_tolerance =
           optimizer_steps > 0 ? std::max(tolerance, order_tolerance) : tolerance;
-      const auto input = gen::sample_input(spec, dtype, 100 + i, s.batch);
+      const auto input = gen::sample_input(spec, dtype, kTrainingInputSeed + i, s.batch);
       if (s.what == TrainingStep::What::kSwitchMode) training = !training;
       at = "step " + std::to_string(i + 1) + " of " + std::to_string(steps.size()) + ", " +
            (s.what == TrainingStep::What::kTrain
@@ -1238,7 +1227,7 @@ Verdict training_loop(Case& c) {
     c10::Dict<std::string, torch::Tensor> dict;
     for (const auto& item : saved) dict.insert(item.key(), item.value());
     const auto loaded = torch::pickle_load(torch::pickle_save(dict)).toGenericDict();
-    const auto fresh = gen::build(spec, {std::nullopt, 99, false});  // other values
+    const auto fresh = gen::build(spec, {std::nullopt, kTrainingFreshSeed, false});  // other values
     {
       torch::NoGradGuard no_grad;
       std::string key;
@@ -1255,7 +1244,7 @@ Verdict training_loop(Case& c) {
       }
     }
     fresh.root->train(training);
-    const auto probe = gen::sample_input(spec, dtype, 200);
+    const auto probe = gen::sample_input(spec, dtype, kTrainingProbeSeed);
     torch::Tensor got, want;
     {
       torch::NoGradGuard no_grad;
@@ -1400,67 +1389,55 @@ const std::vector<GeneratedProperty>& generated_properties() {
     auto on_case = [](Verdict (*fn)(Case&)) -> Check {
       return [fn](Case& c, const Translator&) { return fn(c); };
     };
-    auto any = [](gen::GenOptions&) {};
-    auto property = [&](std::string name, std::string checks, Check check,
-                        Stage stage = Stage::kWhileUnwrapped, bool numeric = false) {
+    // What each property is, how its cases are drawn and whether it runs the model come from
+    // the property table; here is how it reads a case.
+    auto property = [&](const char* id, Check check, Stage stage = Stage::kWhileUnwrapped) {
+      const auto& info = property_info(id);
       GeneratedProperty p;
-      p.name = std::move(name);
-      p.checks = std::move(checks);
+      p.name = info.name;
+      p.checks = info.checks;
       p.check_case = std::move(check);
-      p.adjust = any;
-      p.numeric = numeric;
+      p.adjust = info.adjust;
+      p.numeric = info.numeric;
+      p.trains = info.trains;
       p.stage = stage;
       return p;
     };
     std::vector<GeneratedProperty> table{
-        property("P1 keys", "the unwrapped keys are the model's, in order", on_case(exact_keys)),
-        property("P2 identity", "every tensor is the model's own", on_case(identity)),
-        property("P3 ties", "keys share tensors as before", on_case(ties)),
-        property("P4 backward", "outputs and gradients through the wrappers and without them",
-                 on_case(backward), Stage::kBeforeUnwrapped, /*numeric=*/true),
-        property("P5 non-mutation", "the wrapped model is left as it was", on_case(non_mutation),
-                 Stage::kEndsUnwrapped),
-        property("P6 laws", "u(M) is M; u(u(x)) is u(x)", on_case(laws)),
-        property("P7 legacy", "agrees with the legacy unwrap on a chain at the root",
-                 on_case(legacy_agreement)),
+        property("P1", on_case(exact_keys)),
+        property("P2", on_case(identity)),
+        property("P3", on_case(ties)),
+        property("P4", on_case(backward), Stage::kBeforeUnwrapped),
+        property("P5", on_case(non_mutation), Stage::kEndsUnwrapped),
+        property("P6", on_case(laws)),
+        property("P7", on_case(legacy_agreement)),
         property(
-            "P8 translation", "wrapped keys translate one to one to the clean keys",
-            [](Case& c, const Translator& t) { return translation(c, t); }, Stage::kAfterUnwrapped),
-        property("P9 no false positives", "user modules named like slots are left alone",
-                 on_case(no_false_positives)),
-        property("P10 round trip",
-                 "what it saves loads into a fresh model, and a fresh wrapped one",
-                 on_case(round_trip)),
-        property("P11 graph safety", "a cycle is an error, not a hang", on_case(graph_safety),
-                 Stage::kChangesModel),
-        property("P12 order", "every order of a wrapper stack unwraps alike",
+            "P8", [](Case& c, const Translator& t) { return translation(c, t); },
+            Stage::kAfterUnwrapped),
+        property("P9", on_case(no_false_positives)),
+        property("P10", on_case(round_trip)),
+        property("P11", on_case(graph_safety), Stage::kChangesModel),
+        property("P12",
                  [](Case& c, const Translator&) {
                    return order(c, *rc::gen::arbitrary<uint64_t>());  // the shuffle, drawn here
                  }),
-        property("P13 values", "shapes, dtypes and values are the model's", on_case(values),
-                 Stage::kWhileUnwrapped, /*numeric=*/true),
-        property("P14 release", "releasing every wrapper gives back the model itself",
-                 on_case(release), Stage::kChangesModel, /*numeric=*/true),
-        property("P15 owned state", "wrappers hold only declared state, none of it the model's",
-                 on_case(owned_state), Stage::kAfterUnwrapped),
-        property("P16 aliases", "every declared alias reaches the module in the slot",
-                 on_case(aliases), Stage::kAfterUnwrapped),
-        property("P17 training",
-                 "trains, switches mode and runs under no_grad as without the wrappers; the "
-                 "trained model saves and loads",
-                 on_case(training_loop), Stage::kAfterUnwrapped, /*numeric=*/true),
+        property("P13", on_case(values)),
+        property("P14", on_case(release), Stage::kChangesModel),
+        property("P15", on_case(owned_state), Stage::kAfterUnwrapped),
+        property("P16", on_case(aliases), Stage::kAfterUnwrapped),
+        property("P17", on_case(training_loop), Stage::kAfterUnwrapped),
     };
     // P17 trains copies of its own, built from the spec: sharing a case saves it nothing, and a
     // case it skips (a diverged run, a tie across a flat unit) would have it run again alone.
-    table.back().trains = true;
     table.back().shares_cases = false;
     auto& p7 = table[6];
-    p7.adjust = [](gen::GenOptions& o) { o.root_chain_only = true; };
     p7.shares_cases = false;
     auto& p9 = table[8];
-    p9.adjust = [](gen::GenOptions& o) { o.wrappers = false; };
     p9.wraps = false;
     p9.shares_cases = false;
+    if (table.size() != property_table().size()) {
+      throw Error(ErrorCode::kInvalidArgument, "", "a property of the table has no check");
+    }
     return table;
   }();
   return table;

@@ -6,6 +6,7 @@
 ///   auto v = wrapcert::props::exact_keys(spec, reference);
 ///   if (!v.passed) std::cerr << v.property << ": " << v.reason << " at " << v.key << "\n";
 
+#include <wrapcert/certify/property_table.h>
 #include <wrapcert/gen/generators.h>
 #include <wrapcert/gen/spec.h>
 #include <wrapcert/unwrap.h>
@@ -200,12 +201,6 @@ Verdict aliases(const gen::TreeSpec& spec);
 /// step, a no-grad call, `eval()`/`train()` through the wrappers), compared after each step;
 /// then the trained model unwrapped by `u`, saved, loaded into a fresh model and run.
 Verdict training_loop(const gen::TreeSpec& spec, const UnwrapSubject& u);
-
-/// What P17 runs on each case, in six steps: optimizer steps (each after a forward and a
-/// backward), calls under `torch.no_grad()`, and `eval()`/`train()` switches through the wrappers.
-inline constexpr int kTrainingOptimizerSteps = 3;
-inline constexpr int kTrainingNoGradCalls = 1;
-inline constexpr int kTrainingModeSwitches = 2;
 
 /// A property over generated trees as a value. Certification and the property suite loop over
 /// `generated_properties()`; each property's faulty subjects are in the rejection suite.
