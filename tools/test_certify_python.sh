@@ -23,11 +23,20 @@ run() {  # run EXPECTED_EXIT ARGS...: output in $dir/out.txt, report in $dir/rep
   local got=$?
   [ "$got" -eq "$want" ] || { cat "$dir/out.txt"; fail "wrapcert $* exited $got, not $want"; }
 }
-certify() {  # certify EXPECTED_EXIT ARGS...
+certify() {  # certify EXPECTED_EXIT ARGS...: the rows that run the model in $dtypes (float64)
   local want=$1
   shift
-  run "$want" certify-python --cases 40 --seed 7 --quiet --json "$dir/report.json" "$@"
+  run "$want" certify-python --cases 40 --seed 7 --quiet --dtypes "${dtypes:-float64}" \
+    --json "$dir/report.json" "$@"
   [ -s "$dir/report.json" ] || fail "no report for $*"
+}
+failed_rows() {  # the failed rows as PROPERTY[/DTYPE], one line
+  /usr/bin/python3 - "$dir/report.json" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+print(" ".join(e["property"].split()[0] + ("/" + e["dtype"] if e.get("dtype") else "")
+               for e in report["entries"] if e["status"] == "failed"))
+PY
 }
 rows() {  # rows STATUS: the properties with that status, one line
   /usr/bin/python3 - "$dir/report.json" "$1" <<'PY'
@@ -47,9 +56,13 @@ expect() {  # expect STATUS WHAT PROPERTY...: each named property has that statu
 
 case "$group" in
   torch)
-    certify 0 --wrapper torch.nn:DataParallel --junit "$dir/report.xml" --markdown "$dir/report.md"
-    expect passed "DataParallel, as wrapcert's kind models it" C++
-    grep -q '<testcase classname="torch.nn:DataParallel" name="P4 backward \[tiny-gemma\]"' "$dir/report.xml" || fail "no JUnit report"
+    dtypes=float64,float32,bfloat16 certify 0 --wrapper torch.nn:DataParallel \
+      --junit "$dir/report.xml" --markdown "$dir/report.md"
+    expect passed "DataParallel, as wrapcert's kind models it" C++ P17
+    [ "$(grep -c '"property": "P17 training"' "$dir/report.json")" -ge 3 ] || fail "no P17 row per dtype"
+    grep -q "trained [0-9]* cases (P17: 3 optimizer steps" "$dir/report.md" || fail "the Markdown report says nothing of the training loop"
+    grep -q "frozen parameters in [0-9]" "$dir/report.md" || fail "no frozen parameters drawn"
+    grep -q '<testcase classname="torch.nn:DataParallel" name="P4 backward \[tiny-gemma (float64)\]"' "$dir/report.xml" || fail "no JUnit report"
     grep -q "reference (Python port)" "$dir/report.md" || fail "no Markdown report"
     # The worker's exit handlers run (it skips the interpreter's teardown): the folder of its
     # world-size-1 store is gone.
@@ -57,9 +70,13 @@ case "$group" in
     TMPDIR="$dir/tmp" certify 0 --wrapper DistributedDataParallel
     [ -z "$(ls -A "$dir/tmp")" ] || fail "the worker left $(ls "$dir/tmp") behind"
     # Not quiet: the console names the models DDP refused, by reason.
-    run 0 certify-python --wrapper DistributedDataParallel --cases 40 --seed 7 --no-fixtures
+    run 0 certify-python --wrapper DistributedDataParallel --cases 40 --seed 7 --no-fixtures --dtypes float64
     grep -q "^note: [0-9]* of [0-9]* generated models with a wrapper refused ([0-9]* × DistributedDataParallel: RuntimeError: DistributedDataParallel is not needed" "$dir/out.txt" ||
       { cat "$dir/out.txt"; fail "the console does not list refusals"; }
+    # torch 1.13's gloo has no bfloat16: DistributedDataParallel refuses every such model.
+    dtypes=bfloat16 certify 1 --wrapper DistributedDataParallel --no-fixtures
+    expect failed "DistributedDataParallel in bfloat16" P4 P17
+    grep -q "DistributedDataParallel: RuntimeError: Invalid scalar type" "$dir/report.json" || fail "DDP's bfloat16 refusal is not named"
     certify 0 --wrapper checkpoint_wrapper
     certify 0 --wrapper DataParallel --wrapper checkpoint_wrapper
     # The reentrant checkpoint (torch 1.13's default) gives no gradient to a checkpointed
@@ -129,9 +146,11 @@ case "$group" in
       [ "$code" -eq 1 ] || { cat "$dir/repro.txt"; fail "$wrapper: the repro exited $code, not 1"; }
       grep -q "^PROBLEM: $problem" "$dir/repro.txt" || { cat "$dir/repro.txt"; fail "$wrapper: the repro does not show '$problem'"; }
     }
-    # The width is drawn (1 to 8): squeezed, a single example's output loses its batch dimension.
-    contract SqueezesBatch P4 "the wrapped output has shape \[[0-9]*\] where the model's has \[1, [0-9]\] (a single example)" --max-size 1
-    grep -q "has shape \[[0-9]*\] where the model's has \[1, *[0-9]\] (a single example)" "$dir/report.json" || fail "SqueezesBatch's reason"
+    # The width and the batch are drawn (1 to 8, 1 to 5): squeezed, the output of one example
+    # (a batch of 1 shrinks to it) loses its batch dimension.
+    contract SqueezesBatch P4 "the wrapped output has shape \[[0-9]*\] where the model's has \[1, [0-9]\] (a batch)" --max-size 1
+    grep -q "has shape \[[0-9]*\] where the model's has \[1, *[0-9]\] (a batch)" "$dir/report.json" || fail "SqueezesBatch's reason"
+    grep -q "on a batch of 1" "$dir/report.json" || fail "SqueezesBatch is not shrunk to a batch of 1"
     contract refuses P1 "the wrapper wrappers_under_test:refuses refused the model"
     grep -q "refused [0-9]* of the [0-9]* generated models that had a wrapper (more than half): [0-9]* × wrappers_under_test:refuses: ValueError" "$dir/report.json" || fail "refusals are not counted by reason"
     contract NonPersistentState P15 "the wrapper wrappers_under_test:NonPersistentState holds a non-persistent buffer 'mask'"
@@ -153,6 +172,25 @@ case "$group" in
     contract WrongAlias P16 "the wrapper wrappers_under_test:WrongAlias's alias 'module' does not reach" \
       --alias wrappers_under_test:WrongAlias=module
     grep -q "alias 'module' reaches a WrongAlias, not the module in its slot 'inner'" "$dir/report.json" || fail "WrongAlias' reason"
+    # How models are trained: one fault per dimension, rejected by the row named (shrunk to the
+    # value that exposes it), with a repro that shows it; the correct ones pass.
+    certify 0 --wrapper wrappers_under_test:ForwardingTrain
+    certify 0 --wrapper wrappers_under_test:ExactNoGrad
+    contract Unfreezing P2 ".*: requires_grad is True after wrapping and unwrapping, the model's False"
+    grep -q "frozen (requires_grad=False): " "$dir/report.json" || fail "Unfreezing's counterexample names no frozen key"
+    expect failed "Unfreezing" P4 P17
+    contract StuckInTraining P2 ".* is in training mode after model.train(False) through the wrappers"
+    grep -q "run in eval mode" "$dir/report.json" || fail "StuckInTraining's counterexample is not in eval mode"
+    contract NoGradScale P17 "step 2 of 6 (no_grad, batch of 1): the output through the wrappers differs"
+    expect passed "NoGradScale" P2 P4
+    contract StaleGather P17 "step 2 of 6 (no_grad, batch of 1): the output through the wrappers differs"
+    expect passed "StaleGather" P4
+    contract OptimizerBreaking P17 "an optimizer given the wrapped model's parameters raised ValueError"
+    grep -q "step 1 of 6, .*: the optimizer step over the wrapped model's parameters raised" "$dir/report.json" || fail "OptimizerBreaking's step"
+    contract LargeBatchFault P4 "the wrapped output differs (a batch)"
+    grep -q "on a batch of 3" "$dir/report.json" || fail "LargeBatchFault is not shrunk to a batch of 3"
+    dtypes=float64,float32,bfloat16 certify 1 --wrapper wrappers_under_test:BFloat16Fault --no-fixtures
+    [ "$(failed_rows)" = "P4/bfloat16 P17/bfloat16" ] || fail "BFloat16Fault: failed $(failed_rows)"
     # Correct ones: a forward pre-hook of its own; the module also kept in a plain list.
     certify 0 --wrapper wrappers_under_test:PreHooked
     # (RC_PARAMS names another seed, as CI's does: the run's --seed replaces it.)
@@ -283,6 +321,29 @@ PY
     certify 0 --wrapper wrappers_under_test:SummingGradients --world-size 2 \
       --reduction wrappers_under_test:SummingGradients=sum
     run 64 certify-python --wrapper DataParallel --reduction DataParallel=max
+    # A buffer on rank 1 alone: every row with a wrapper fails naming the rank, the fixtures'
+    # too; the repro, run as the two ranks, exits 1 on rank 1 alone.
+    certify 1 --wrapper wrappers_under_test:StateOnRank1 --world-size 2 --repro "$dir/ranks.py"
+    /usr/bin/python3 - "$dir/report.json" <<'PY' || fail "a rank disagreement leaves a row passing"
+import json, sys
+rows = [e for e in json.load(open(sys.argv[1]))["entries"] if e["status"] != "skipped"]
+wrong = [(e["property"], e["target"]) for e in rows if e["property"] != "P9 no false positives"
+         and (e["status"] != "failed" or "rank 1's wrapped model has other keys" not in e["reason"])]
+fixtures = [e for e in rows if e["target"] == "tiny-gemma" and e["status"] == "failed"]
+print(wrong)
+sys.exit(1 if wrong or not fixtures else 0)
+PY
+    port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    for r in 0 1; do
+      RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
+        timeout 120 /usr/bin/python3 "$dir/ranks.py" > "$dir/ranks$r.txt" 2>&1 &
+    done
+    for r in 0 1; do
+      wait %$((r + 1)); code=$?
+      [ "$code" -eq "$r" ] || { cat "$dir/ranks$r.txt"; fail "rank $r of the disagreement's repro exited $code, not $r"; }
+    done
+    grep -q "PROBLEM (rank 1): this rank's wrapped model has other keys than rank 0's" "$dir/ranks1.txt" ||
+      { cat "$dir/ranks1.txt"; fail "rank 1 of the repro does not name the disagreement"; }
     # A rank killed, a rank hung: failed rows naming the rank, reports written, nothing left.
     certify 1 --wrapper wrappers_under_test:KillsRank1 --world-size 2 --timeout 20
     grep -q "rank 1: the Python worker was killed by signal 9" "$dir/report.json" || fail "the killed rank is not named"

@@ -191,6 +191,107 @@ class ListedBeside(Sound):
 
 
 # ---------------------------------------------------------------------------------------------
+# How models are trained: frozen parameters, modes, no-grad calls, batches, dtypes, optimizer
+# steps. Each faulty one is right in a call of the model as built at batch 1 or 2 in float64.
+
+
+class Unfreezing(Sound):
+    """Sets requires_grad on every parameter it wraps: frozen layers train again (P2, P4)."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        for p in module.parameters():
+            p.requires_grad_(True)
+
+
+class StuckInTraining(Sound):
+    """Its own `train()` sets its flag alone: `eval()` leaves the wrapped module training, and
+    a module that computes by mode computes otherwise (P2, P17)."""
+
+    def train(self, mode=True):
+        self.training = mode
+        return self
+
+
+class ForwardingTrain(Sound):
+    """Correct: a `train()` of its own that counts the switches and forwards them."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.switches = 0
+
+    def train(self, mode=True):
+        self.switches += 1
+        return super().train(mode)
+
+
+class NoGradScale(Sound):
+    """Scales its output under torch.no_grad() (an inference fast path gone wrong): every call
+    with gradients is exact (P17, the no-grad call)."""
+
+    def forward(self, x):
+        out = self.inner(x)
+        return out if torch.is_grad_enabled() else out * 1.5
+
+
+class ExactNoGrad(Sound):
+    """Correct: an inference path of its own under torch.no_grad() that computes the same."""
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            return self.inner(x)
+        with torch.no_grad():
+            return self.inner(x).clone()
+
+
+class LargeBatchFault(Sound):
+    """Wrong for batches of three or more (a chunking bug): exact at 1 and 2 (P4)."""
+
+    def forward(self, x):
+        out = self.inner(x)
+        return out * 2 if x.dim() > 0 and x.shape[0] >= 3 else out
+
+
+class BFloat16Fault(Sound):
+    """Wrong in bfloat16 alone (a cast that loses the output's last bits): exact in float64 and
+    float32 (P4, the bfloat16 row)."""
+
+    def forward(self, x):
+        out = self.inner(x)
+        return out + 1 if out.dtype == torch.bfloat16 else out
+
+
+class StaleGather(Sound):
+    """Gathers the parameters' values once, when it wraps, and computes with them on every call
+    (swapped in for the call, as a sharded wrapper swaps in what it gathered): exact until an
+    optimizer step changes the parameters (P17)."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.gathered = {id(p): p.detach().clone() for p in module.parameters()}
+
+    def forward(self, x):
+        live = [(p, p.data) for p in self.inner.parameters() if id(p) in self.gathered]
+        for p, _ in live:
+            p.data = self.gathered[id(p)]
+        try:
+            return self.inner(x)
+        finally:
+            for p, data in live:
+                p.data = data
+
+
+class OptimizerBreaking(Sound):
+    """Its `parameters()` also yields a scale it computes (not a leaf tensor): state dicts,
+    calls and gradients are the model's, and an optimizer given the wrapped model's parameters
+    raises (P17, naming the step)."""
+
+    def parameters(self, recurse=True):
+        yield from super().parameters(recurse)
+        yield torch.ones(1, requires_grad=True) * 2
+
+
+# ---------------------------------------------------------------------------------------------
 # Across ranks (`--world-size N`): DistributedDataParallel with the reduction a comm hook does.
 
 
@@ -256,6 +357,17 @@ class HangsRank1(Sound):
         while dist.get_rank() == 1:
             time.sleep(1)
         super().__init__(nn.parallel.DistributedDataParallel(module))
+
+
+class StateOnRank1(Sound):
+    """Registers a buffer of its own on rank 1 alone (a rank-dependent branch): rank 1 saves a
+    key the others do not. Every row fails across ranks, the fixtures' too, and a repro run as
+    the ranks exits 1 on rank 1."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        if _group().get_rank() == 1:
+            self.register_buffer("rank_state", torch.zeros(1))
 
 
 def not_a_module(module):

@@ -586,6 +586,7 @@ struct CertifyPythonOptions {
   std::vector<std::string> reductions;  // wrapper=mean|sum
   std::vector<std::string> owned;       // wrapper=name
   std::vector<std::string> aliases;     // wrapper=name
+  std::vector<std::string> dtypes;
   bool no_fixtures = false;
   std::string markdown;
   std::string json;
@@ -629,6 +630,11 @@ int run_certify_python(CertifyPythonOptions& o) {
     auto [wrapper, name] = wrapper_pair(m, "--alias", "NAME");
     o.options.aliases[wrapper].push_back(name);
   }
+  for (const auto& name : o.dtypes) {
+    for (const auto dtype : wrapcert::gen::kAllDtypes) {
+      if (name == wrapcert::gen::to_string(dtype)) o.options.dtypes.push_back(dtype);
+    }
+  }
   o.options.fixtures = !o.no_fixtures;
   wrapcert::python::Stats stats;
   const auto report =
@@ -640,10 +646,11 @@ int run_certify_python(CertifyPythonOptions& o) {
   std::cout << "\nworker (PyTorch " << stats.torch_version << "): " << stats.structural_cases
             << " structural cases (" << rate(stats.structural_cases, stats.structural_seconds)
             << "), " << stats.numeric_cases << " P4 cases ("
-            << rate(stats.numeric_cases, stats.numeric_seconds) << "), " << stats.fixture_cases
-            << " fixture cases (" << static_cast<int>(stats.fixture_seconds * 1000) << " ms), "
-            << stats.worker_starts << (stats.worker_starts == 1 ? " process" : " processes")
-            << "\n";
+            << rate(stats.numeric_cases, stats.numeric_seconds) << "), " << stats.training_cases
+            << " P17 cases (" << rate(stats.training_cases, stats.training_seconds) << "), "
+            << stats.fixture_cases << " fixture cases ("
+            << static_cast<int>(stats.fixture_seconds * 1000) << " ms), " << stats.worker_starts
+            << (stats.worker_starts == 1 ? " process" : " processes") << "\n";
   return code;
 }
 
@@ -844,8 +851,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   py_cmd->add_option("--seed", py.options.seed, "seed (0: random, printed for replay)");
   py_cmd
+      ->add_option("--dtypes", py.dtypes,
+                   "dtypes the rows that run the model (P4, P14, P17) run in, each a row "
+                   "(default: float64, float32, bfloat16); comma-separated or repeated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"float64", "float32", "bfloat16"}));
+  py_cmd
       ->add_option("--tolerance", py.options.tolerance,
-                   "P4: largest difference allowed in outputs and gradients (0: bit for bit)")
+                   "P4 and P17: largest difference allowed in outputs and gradients (0: bit "
+                   "for bit)")
       ->check(CLI::NonNegativeNumber);
   py_cmd
       ->add_option("--timeout", py.options.timeout_seconds,

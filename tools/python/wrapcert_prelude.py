@@ -61,6 +61,29 @@ class ScaleWithBuffer(nn.Module):
         return x * self.scale + self.running
 
 
+class ModeScale(nn.Module):
+    """Computes by mode, deterministically (as dropout and batch norm compute by mode): x * scale
+    in training mode, half of it in eval mode."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x):
+        y = x * self.scale
+        return y if self.training else y * 0.5
+
+    def extra_repr(self):
+        return "eval_factor=0.5"
+
+
+def freeze(module):
+    """Freezes a leaf's own parameters (requires_grad False), as fine-tuning freezes layers."""
+    for p in module.parameters(recurse=False):
+        p.requires_grad_(False)
+    return module
+
+
 def at(root, path):
     """The module at a dotted path, through each parent's own child table."""
     for name in path.split(".") if path else []:

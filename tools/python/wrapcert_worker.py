@@ -17,6 +17,7 @@ A case that raises replies {"ok": false, "stage": "build|wrap|unwrap|run", "who"
 import copy
 import hashlib
 import importlib
+import inspect
 import json
 import keyword
 import os
@@ -180,7 +181,11 @@ LEAVES = {
     "LayerNorm": "nn.LayerNorm({d})",
     "RMSNorm": "RMSNorm({d})",
     "Buffered": "ScaleWithBuffer({d})",
+    "ModeScale": "ModeScale({d})",
+    "TorchLinear": "nn.Linear({d}, {d})",  # LibTorch's own Linear in C++; nn.Linear here
 }
+TIEABLE = ("Linear", "LinearNoBias", "Embedding", "TorchLinear")
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def child_ref(name):
@@ -194,9 +199,13 @@ class Builder:
 
     def __init__(self, spec):
         self.dim = int(spec["dim"])
+        self.batch = int(spec.get("batch", 2))
+        self.eval = bool(spec.get("eval", False))
+        self.dtype = spec.get("dtype", "float64")
         self.lines = []
         self.count = 0
-        self.done = []         # (variable, wants ids, is a Sequential): modules a node may share
+        # (variable, wants ids, is a Sequential, runs in a Sequential): modules a node may share
+        self.done = []
         self.tie_sources = []  # variables of Linear and Embedding leaves
         self.wraps = []        # (plain path, wrapper names innermost first), post-order
         root = self.container(spec["root"], "", False)
@@ -218,7 +227,9 @@ class Builder:
     def leaf(self, n):
         kind = n.get("leaf", "Linear")
         var = self.new(LEAVES[kind].format(d=self.dim))
-        if kind in ("Linear", "LinearNoBias", "Embedding"):
+        if n.get("frozen"):
+            self.lines.append(f"freeze({var})")
+        if kind in TIEABLE:
             tie = int(n.get("tie", -1))
             if tie >= 0 and self.tie_sources:
                 source = self.tie_sources[tie % len(self.tie_sources)]
@@ -232,15 +243,15 @@ class Builder:
         wrappers = list(n.get("wrappers", []))
         if kind == "shared":
             candidates = [d for d in self.done
-                          if not in_sequential or (not d[1] and not d[2])]
+                          if not in_sequential or (not d[1] and not d[2] and d[3])]
             if not candidates:
                 return None, False
-            var, ids, _ = candidates[int(n.get("shared", 0)) % len(candidates)]
+            var, ids, _, _ = candidates[int(n.get("shared", 0)) % len(candidates)]
             self.wraps.append((path, wrappers))
             return var, ids
         ids = False
         if kind == "leaf":
-            if in_sequential and n.get("leaf") == "Embedding":
+            if in_sequential and n.get("leaf") in ("Embedding", "TorchLinear"):
                 return None, False
             var, ids = self.leaf(n)
         else:
@@ -251,7 +262,8 @@ class Builder:
         if not listing:
             self.wraps.append((path, wrappers))
             self.done.append((var, ids, kind == "container" and
-                              n.get("container") == "Sequential"))
+                              n.get("container") == "Sequential",
+                              n.get("leaf") != "TorchLinear"))
         return var, ids
 
     @staticmethod
@@ -360,17 +372,20 @@ class Tensors:
 
 
 def state(model, tensors):
-    return [[k, tensors.id(v)] for k, v in model.state_dict(keep_vars=True).items()]
+    """[key, tensor number, requires_grad] for every entry of the model's state dict, now."""
+    return [[k, tensors.id(v), bool(v.requires_grad)]
+            for k, v in model.state_dict(keep_vars=True).items()]
 
 
 def modules(model, objects):
-    """[path, class, number of the module object, its own parameter and buffer names] for every
-    path (shared modules repeated)."""
+    """[path, class, number of the module object, its own parameter and buffer names, its
+    training flag] for every path (shared modules repeated)."""
     out = []
     for path, m in model.named_modules(remove_duplicate=False):
         local = [n for n, t in list(m._parameters.items()) + list(m._buffers.items())
                  if t is not None]
-        out.append([path, type(m).__name__, objects.setdefault(id(m), len(objects)), local])
+        out.append([path, type(m).__name__, objects.setdefault(id(m), len(objects)), local,
+                    bool(m.training)])
     return out
 
 
@@ -459,15 +474,188 @@ def build_spec(builder, seed):
         raise Failure("build", "", f"{type(e).__name__}: {e}")
     except Exception as e:
         raise Failure("build", "", f"{type(e).__name__}: {e}")
-    return ns[builder.root]
+    model = ns[builder.root]
+    if builder.dtype != "float64":
+        model.to(DTYPES[builder.dtype])  # the same Parameter objects: ties stay ties
+    return model
+
+
+def sample(builder, seed, examples):
+    """The input of `examples` examples drawn from `seed`, in the tree's dtype."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(examples, builder.dim, generator=gen).to(DTYPES[builder.dtype])
 
 
 def run_case(req):
     builder = Builder(req["spec"])
     seed = int(req.get("seed", 0))
-    gen = torch.Generator().manual_seed(seed + 7919)
-    x = torch.randn(2 * world()[1], builder.dim, generator=gen)
-    return observe(req, lambda s: build_spec(builder, s), builder.wraps, x)
+    if req.get("steps"):
+        return train_case(req, builder, seed)
+    x = sample(builder, seed + 7919, builder.batch * world()[1])
+    return observe(req, lambda s: build_spec(builder, s), builder.wraps, x, builder.batch,
+                   builder.eval)
+
+
+class Trainer:
+    """An optimizer over a model's parameters (each once, as `model.parameters()` gives them),
+    stepping a float64 master copy of each parameter of another dtype and rounding it back, as
+    wrapcert's C++ training loop does: the update then does not depend on how a wrapper lays the
+    parameters out (one flat tensor stepped whole rounds otherwise than its pieces)."""
+
+    def __init__(self, kind, params, rate, momentum):
+        self.params = list(params)
+        if self.params:  # what torch.optim refuses in the parameters given, it refuses here
+            torch.optim.SGD(self.params, lr=rate)
+        self.masters = [None if p.dtype == torch.float64 else
+                        p.detach().to(torch.float64).requires_grad_(p.requires_grad)
+                        for p in self.params]
+        stepped = [p if m is None else m for p, m in zip(self.params, self.masters)]
+        if not stepped:  # a model without parameters: nothing to step
+            self.optimizer = None
+        elif kind == "adam":
+            self.optimizer = torch.optim.Adam(stepped, lr=rate)
+        else:
+            self.optimizer = torch.optim.SGD(stepped, lr=rate, momentum=momentum)
+
+    def step(self):
+        for p, m in zip(self.params, self.masters):
+            if m is not None:
+                m.grad = None if p.grad is None else p.grad.detach().to(torch.float64)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                if m is not None:
+                    p.copy_(m)
+
+
+def forward_backward(model, x, params):
+    """Output, and the gradient of each of `params` (None where none reached it)."""
+    model.zero_grad(set_to_none=True)
+    if x.is_floating_point():
+        x = x.detach().requires_grad_(True)  # a reentrant checkpoint needs an input that does
+    out = model(x)
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * weights).sum().backward()
+    return out.detach(), [None if p.grad is None else values(p.grad) for p in params]
+
+
+def train_case(req, builder, seed):
+    """P17: the model and a wrapped copy of it trained side by side through `req["steps"]`;
+    after each step what both computed, each module's mode, each tensor's requires_grad and
+    values. Then the trained copy unwrapped by the subject, saved with torch.save, loaded
+    strictly into a fresh model, and both run on a probe."""
+    rank, ranks = world()
+    names = sorted({n for _, ns in builder.wraps for n in ns})
+    try:
+        wrappers = resolve_wrappers(names)
+        unwrap_fn = subject(req.get("unwrap"))
+    except Exception as e:
+        raise Failure("import", "", f"{type(e).__name__}: {e}")
+    plain = build_spec(builder, seed)
+    copy_ = build_spec(builder, seed)
+    plain_state = list(plain.state_dict(keep_vars=True).items())
+    copy_state = list(copy_.state_dict(keep_vars=True).items())
+    tensors = Tensors()
+    result = {"original": state(copy_, tensors)}
+    training = not builder.eval
+    plain.train(training)
+    wrapped, made, kinds = wrap_all(copy_, builder.wraps, wrappers, req.get("slots") or {})
+    if not training:
+        wrapped.eval()
+    result["wrapped"] = state(wrapped, tensors)
+    result["wrapped_tree"] = repr(wrapped)
+    probe = [t for _, t in copy_state]
+    want_probe = [t for _, t in plain_state]
+    optimizer = req.get("optimizer", "sgd")
+    rate, momentum = float(req.get("rate", 0.01)), float(req.get("momentum", 0.9))
+    wrapped_trainer = None
+    plain_trainer = Trainer(optimizer, plain.parameters(), rate, momentum)
+    steps = []
+    for i, (what, n) in enumerate(req["steps"]):
+        step = {"what": what, "batch": n}
+        steps.append(step)
+        x = sample(builder, int(req.get("input_seed", 100)) + i, n * ranks)[n * rank:n * (rank + 1)]
+        if what == "switch_mode":
+            training = not training
+        step["training"] = training
+        who = "the wrapped model"
+        try:
+            if what == "train":
+                got = forward_backward(wrapped, x, probe)
+                who = "the model"
+                want = forward_backward(plain, x, want_probe)
+                step["output"], step["grads"] = values(got[0]), got[1]
+                step["want_output"], step["want_grads"] = values(want[0]), want[1]
+                who = "the optimizer step over the wrapped model's parameters"
+                if wrapped_trainer is None:
+                    wrapped_trainer = Trainer(optimizer, wrapped.parameters(), rate, momentum)
+                wrapped_trainer.step()
+                who = "the model's optimizer step"
+                plain_trainer.step()
+            else:
+                if what == "switch_mode":
+                    who = "train()" if training else "eval()"
+                    wrapped.train(training)
+                    plain.train(training)
+                    who = "the wrapped model"
+                with torch.no_grad() if what == "no_grad" else torch.enable_grad():
+                    got = wrapped(x)
+                    who = "the model"
+                    want = plain(x)
+                step["output"], step["want_output"] = values(got), values(want)
+        except Exception as e:
+            step["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            step["who"] = who
+            break
+        step["modes"] = [[p, bool(m.training)]
+                         for p, m in wrapped.named_modules(remove_duplicate=False)]
+        step["requires_grad"] = [bool(t.requires_grad) for t in probe]
+        step["want_requires_grad"] = [bool(t.requires_grad) for t in want_probe]
+        step["values"] = [values(t) for t in probe]
+        step["want_values"] = [values(t) for t in want_probe]
+        step["shapes"] = [[list(t.shape), str(t.dtype)[6:]] for t in probe]
+        step["want_shapes"] = [[list(t.shape), str(t.dtype)[6:]] for t in want_probe]
+    result["steps"] = steps
+    result["step_count"] = len(req["steps"])
+    if steps and "error" in steps[-1]:
+        result["tensors"] = tensors.table
+        return result
+    # The scenario wrapcert began with: the trained model unwrapped, saved, loaded, run.
+    try:
+        unwrapped = (unwrap_fn(wrapped) if unwrap_fn else PORT["unwrap"](wrapped, kinds))
+    except Exception as e:
+        raise Failure("unwrap", req.get("unwrap") or "the reference port",
+                      f"{type(e).__name__}: {e}")
+    if not isinstance(unwrapped, nn.Module):
+        raise Failure("unwrap", req.get("unwrap") or "the reference port",
+                      f"gave back a {type(unwrapped).__name__}, not a torch.nn.Module")
+    result["unwrapped"] = state(unwrapped, tensors)
+    result["tensors"] = tensors.table
+    checkpoint = {}
+    result["checkpoint"] = checkpoint
+    import io
+    buffer = io.BytesIO()
+    try:
+        torch.save({k: v.detach() for k, v in unwrapped.state_dict().items()}, buffer)
+        buffer.seek(0)
+        saved = torch.load(buffer)
+    except Exception as e:
+        checkpoint["error"] = f"saving the trained model's state dict: {type(e).__name__}: {e}"
+        return result
+    fresh = build_spec(builder, int(req.get("fresh_seed", 99)))
+    try:
+        fresh.load_state_dict(saved, strict=True)
+    except Exception as e:
+        checkpoint["error"] = (f"loading it into a fresh model: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}")
+        return result
+    fresh.train(training)
+    x = sample(builder, int(req.get("probe_seed", 200)), 1)
+    with torch.no_grad():
+        checkpoint["output"] = values(fresh(x))
+        checkpoint["want_output"] = values(plain(x))
+    return result
 
 
 FIXTURES = {}
@@ -489,15 +677,17 @@ def run_fixture(req):
     seed = int(req.get("seed", 0))
     ids = torch.randint(1, config["vocab_size"], (2 * world()[1], 5),
                         generator=torch.Generator().manual_seed(seed + 7919))
-    return observe(req, make, wraps, ids)
+    return observe(req, make, wraps, ids, 2, False)
 
 
-def observe(req, make, wraps, batch):
+def observe(req, make, wraps, batch, per_rank, eval_mode):
     """One case: the model made by `make(seed)`, wrapped at `wraps` ([(path, wrapper names
     innermost first)], post-order), unwrapped by the subject; what the properties need. `batch`
-    is the global batch: two examples per rank, this rank running its own two."""
+    is the global batch: `per_rank` examples per rank, this rank running its own. In eval mode
+    the model runs in eval mode, and the wrapped model is switched to it through its wrappers
+    (`eval()` on the wrapped model, as a user calls it)."""
     rank, ranks = world()
-    x = batch[2 * rank:2 * rank + 2]
+    x = batch[per_rank * rank:per_rank * (rank + 1)]
     names = sorted({n for _, ns in wraps for n in ns})
     try:
         wrappers = resolve_wrappers(names)
@@ -516,49 +706,28 @@ def observe(req, make, wraps, batch):
         x = None
     else:
         try:
+            model.train(not eval_mode)
             result["run_original"] = run(model, x, probe, tensors)
             if ranks > 1:  # every rank's slice on the plain model: what a reduction must give
-                result["run_slices"] = [run(model, batch[2 * r:2 * r + 2], probe, tensors)
-                                        for r in range(ranks)]
+                result["run_slices"] = [
+                    run(model, batch[per_rank * r:per_rank * (r + 1)], probe, tensors)
+                    for r in range(ranks)]
+            model.train()  # wrapped as built, then switched through the wrappers
         except Exception as e:
             raise Failure("run", "the generated model", f"{type(e).__name__}: {e}")
 
     # Wrap, innermost first, post-order; remember each wrapper's class and slot.
-    kinds = dict(KNOWN_KINDS)
-    slots = req.get("slots") or {}
-    made = []
-    for path, stack in wraps:
-        for name in stack:
-            inner = at(model, path)
-            try:
-                wrapper = wrappers[name](inner)
-            except Exception as e:
-                raise Failure("wrap", name, f"{type(e).__name__}: {e}")
-            if wrapper is inner:
-                raise Failure("contract", name, "the wrapper gave back the module it was given")
-            if not isinstance(wrapper, nn.Module):
-                raise Failure("contract", name, f"the wrapper gave back a "
-                              f"{type(wrapper).__module__}.{type(wrapper).__qualname__}, not a "
-                              "torch.nn.Module")
-            slot = slots.get(name) or next(
-                (k for k, v in wrapper._modules.items() if v is inner), None)
-            if slot is None:
-                raise Failure("contract", name, f"a {type(wrapper).__name__} holds the module it "
-                              "wraps in no child of its own: give its slot with --slot")
-            kinds.setdefault(type(wrapper), slot)
-            made.append((name, wrapper, slot, path))
-            if path:
-                MODELS["put"](model, path, wrapper)
-            else:
-                model = wrapper
+    model, made, kinds = wrap_all(model, wraps, wrappers, req.get("slots") or {})
     wrapped = model
+    if eval_mode:
+        wrapped.eval()
     # Each wrapper: its name, class, slot, path in the model, the tensors of the parameters it
     # holds, how it reduces their gradients across ranks as its class promises ("mean" for
     # DistributedDataParallel and its subclasses; None), what it holds itself besides its slot
     # ([name, what, one of the model's own modules or tensors, persistent]), and its path in the
     # wrapped model.
     model_modules = {id(m) for m in first.modules()}
-    model_tensors = {t for _, t in result["original"]}
+    model_tensors = {t for _, t, _ in result["original"]}
     where = {}
     for path, m in wrapped.named_modules(remove_duplicate=False):
         where.setdefault(id(m), path)
@@ -659,6 +828,38 @@ def at(model, path):
     return MODELS["at"](model, path)
 
 
+def wrap_all(model, wraps, wrappers, slots):
+    """Wraps `model` at `wraps`, innermost first, post-order: the wrapped model, the wrappers
+    made ([(name, wrapper, slot, path)]) and every wrapper class known with its slot."""
+    kinds = dict(KNOWN_KINDS)
+    made = []
+    for path, stack in wraps:
+        for name in stack:
+            inner = at(model, path)
+            try:
+                wrapper = wrappers[name](inner)
+            except Exception as e:
+                raise Failure("wrap", name, f"{type(e).__name__}: {e}")
+            if wrapper is inner:
+                raise Failure("contract", name, "the wrapper gave back the module it was given")
+            if not isinstance(wrapper, nn.Module):
+                raise Failure("contract", name, f"the wrapper gave back a "
+                              f"{type(wrapper).__module__}.{type(wrapper).__qualname__}, not a "
+                              "torch.nn.Module")
+            slot = slots.get(name) or next(
+                (k for k, v in wrapper._modules.items() if v is inner), None)
+            if slot is None:
+                raise Failure("contract", name, f"a {type(wrapper).__name__} holds the module it "
+                              "wraps in no child of its own: give its slot with --slot")
+            kinds.setdefault(type(wrapper), slot)
+            made.append((name, wrapper, slot, path))
+            if path:
+                MODELS["put"](model, path, wrapper)
+            else:
+                model = wrapper
+    return model, made, kinds
+
+
 # ---------------------------------------------------------------------------------------------
 # Repro scripts
 
@@ -700,7 +901,9 @@ def repro(req):
             f"if WORLD != {ranks}:",
             f"    sys.exit('this counterexample runs at world size {ranks}, not %d' % WORLD)",
             "if WORLD > 1:",
-            "    dist.init_process_group('gloo', init_method='env://')",
+            "    import datetime",
+            "    dist.init_process_group('gloo', init_method='env://',",
+            "                            timeout=datetime.timedelta(seconds=120))",
             f"REDUCTIONS = {dict(req.get('reductions') or {})!r}  # declared: wrapper -> mean or sum",
             ""]
     out += imports
@@ -725,30 +928,60 @@ def repro(req):
             f"OWNED = {dict(req.get('owned_state') or {})!r}  # declared with --owned-state",
             "", ""]
     out += REPRO_HELPERS.splitlines()
+    dtype = f"torch.{builder.dtype}"
     out += ["", "", f"torch.manual_seed({seed})"] + builder.lines
+    if builder.dtype != "float64":
+        out += [f"{builder.root}.to({dtype})  # the model's dtype"]
+    per_rank = builder.batch
     out += ["original = {k: v for k, v in " + builder.root +
             ".state_dict(keep_vars=True).items()}",
             "storages = {k: storage(v) for k, v in original.items()}",
-            "# the global batch: two examples per rank, this rank running its own two",
-            f"batch = torch.randn(2 * WORLD, {builder.dim}, "
-            f"generator=torch.Generator().manual_seed({seed + 7919}))",
-            "runs = [('a batch', 2), ('a single example', 1)]"]
+            "flags = {k: v.requires_grad for k, v in original.items()}",
+            f"MODE = {not builder.eval!r}  # the model's mode: True training, False eval",
+            f"# the global batch: {per_rank} examples per rank, this rank running its own",
+            f"PER_RANK = {per_rank}",
+            f"batch = torch.randn(PER_RANK * WORLD, {builder.dim}, "
+            f"generator=torch.Generator().manual_seed({seed + 7919})).to({dtype})",
+            f"runs = [('a batch', {per_rank}), ('a single example', 1)]"]
     if req.get("numerics"):
-        out += ["before, summed = {}, {}",
+        out += [f"{builder.root}.train(MODE)",
+                "before, summed = {}, {}",
                 "for label, n in runs:",
-                f"    before[label] = run({builder.root}, batch[2 * RANK:2 * RANK + n])",
+                f"    before[label] = run({builder.root}, batch[{per_rank} * RANK:{per_rank} * RANK + n])",
                 "    # what a wrapper that averages (or sums) gradients across ranks must give",
-                f"    slices = [run({builder.root}, batch[2 * r:2 * r + n])[1] for r in range(WORLD)]",
+                f"    slices = [run({builder.root}, batch[{per_rank} * r:{per_rank} * r + n])[1]"
+                " for r in range(WORLD)]",
                 "    summed[label] = {k: sum(s[k] for s in slices)",
                 "                     if all(s[k] is not None for s in slices) else None",
-                "                     for k in slices[0]}"]
+                "                     for k in slices[0]}",
+                f"{builder.root}.train()  # wrapped as built, then switched through the wrappers"]
     out += ["", "# wrapping, innermost wrapper first, children before parents"]
     out += builder.wrap_lines(lambda n, target: f"wrap({n!r}, {calls[n]}, {target})")
+    out += ["model.train(MODE)  # as a user switches a wrapped model: through its wrappers"]
     if not unwrap_name:
         out += ["unwrap = lambda m: unwrap_port(m, kinds)"]
     out += REPRO_CHECKS.splitlines()
-    if req.get("numerics"):
+    if req.get("numerics") and not req.get("steps"):
         out += REPRO_NUMERICS.splitlines()
+    if req.get("steps"):
+        out += ["", "", "# The training loop (P17): the model built again, trained without "
+                "wrappers beside the wrapped one.",
+                f"torch.manual_seed({seed})"] + builder.lines
+        if builder.dtype != "float64":
+            out += [f"{builder.root}.to({dtype})"]
+        out += [f"plain = {builder.root}",
+                f"STEPS = {[list(x) for x in req['steps']]!r}",
+                f"OPTIMIZER, RATE, MOMENTUM = {req.get('optimizer', 'sgd')!r}, "
+                f"{float(req.get('rate', 0.01))!r}, {float(req.get('momentum', 0.9))!r}",
+                f"INPUT_SEED, PROBE_SEED = {int(req.get('input_seed', 100))}, "
+                f"{int(req.get('probe_seed', 200))}",
+                f"DIM, DTYPE = {builder.dim}, {dtype}", "", ""]
+        out += inspect.getsource(Trainer).splitlines() + ["", ""]
+        out += REPRO_TRAINING.splitlines()
+        out += [f"torch.manual_seed({int(req.get('fresh_seed', 99))})"] + builder.lines
+        if builder.dtype != "float64":
+            out += [f"{builder.root}.to({dtype})"]
+        out += [f"fresh = {builder.root}"] + REPRO_CHECKPOINT.splitlines()
     if release_name:
         out += REPRO_RELEASE.splitlines()
     out += ["for p in problems:", "    print(f'PROBLEM (rank {RANK}):' if WORLD > 1 else 'PROBLEM:', p)",
@@ -768,6 +1001,13 @@ def run(m, x):
     grads = {k: t.grad for k, t in original.items() if t.requires_grad}
     grads['(the input)'] = x.grad
     return out.detach(), grads
+
+
+def largest(a, b):
+    \"\"\"The largest difference between two tensors of one shape; None for others.\"\"\"
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    return (a - b).abs().max() if a.numel() else 0
 
 
 def storage(t):
@@ -832,6 +1072,22 @@ except Exception as e:
     sys.exit(1)
 got = unwrapped.state_dict(keep_vars=True)
 problems = []
+if WORLD > 1:  # every rank must have built, wrapped and unwrapped the same keys
+    mine = [list(original), wrapped_keys, list(got)]
+    every = [None] * WORLD
+    dist.all_gather_object(every, mine)
+    for what, a, b in zip(('model', 'wrapped model', 'unwrapped model'), mine, every[0]):
+        if a != b:
+            problems.append(f'this rank\\'s {what} has other keys than rank 0\\'s: {a} against {b}')
+for key, tensor in got.items():
+    if key in flags and tensor.requires_grad != flags[key]:
+        problems.append(f'{key}: requires_grad is {tensor.requires_grad} after wrapping and '
+                        f'unwrapping, the model\\'s {flags[key]}')
+for p, m in unwrapped.named_modules(remove_duplicate=False):
+    if m.training != MODE:
+        problems.append(f'{p or "the root"} ({type(m).__name__}) is in '
+                        f'{"training" if m.training else "eval"} mode after model.train({MODE}) '
+                        'through the wrappers')
 if list(got) != list(original):
     problems.append('keys differ: the unwrapped model has ' + str(list(got)) +
                     ',\\n  the model had ' + str(list(original)))
@@ -884,6 +1140,103 @@ for name, w, slot in made:
                             f'declare (wrapcert: --owned-state {name}={k})')
 """
 
+# P17: the wrapped model and the plain one trained side by side; the first step where they part
+# is shown, then the trained model unwrapped, saved and loaded into a fresh model.
+REPRO_TRAINING = """def forward_backward(m, x, params):
+    m.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    out = m(x)
+    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * w).sum().backward()
+    return out.detach(), [p.grad for p in params]
+
+
+def same(a, b):
+    return (a is None) == (b is None) and (a is None or (a.shape == b.shape and torch.equal(a, b)))
+
+
+params = list(original.values())
+plain_params = list(plain.state_dict(keep_vars=True).values())
+plain.train(MODE)
+training = MODE
+try:
+    mine = Trainer(OPTIMIZER, model.parameters(), RATE, MOMENTUM)
+except Exception as e:
+    problems.append(f'an optimizer given the wrapped model\\'s parameters raised '
+                    f'{type(e).__name__}: {e}')
+theirs = Trainer(OPTIMIZER, plain.parameters(), RATE, MOMENTUM)
+for i, (what, n) in enumerate(STEPS):
+    if problems:
+        break
+    at = f'step {i + 1} of {len(STEPS)} ({what}, batch of {n})'
+    x = torch.randn(n * WORLD, DIM, generator=torch.Generator().manual_seed(INPUT_SEED + i)).to(
+        DTYPE)[n * RANK:n * RANK + n]
+    if what == 'switch_mode':
+        training = not training
+        model.train(training)
+        plain.train(training)
+    if what == 'train':
+        try:
+            got, grads = forward_backward(model, x, params)
+        except Exception as e:
+            problems.append(f'{at}: the wrapped model raised {type(e).__name__}: {e}')
+            break
+        want, want_grads = forward_backward(plain, x, plain_params)
+        for key, a, b in zip(original, grads, want_grads):
+            if not same(a, b):
+                problems.append(f'{at}: the gradient of {key} differs: {a} against {b}')
+        try:
+            mine.step()
+        except Exception as e:
+            problems.append(f'{at}: the optimizer step over the wrapped model raised '
+                            f'{type(e).__name__}: {e}')
+            break
+        theirs.step()
+    else:
+        with torch.no_grad() if what == 'no_grad' else torch.enable_grad():
+            try:
+                got = model(x).detach()
+            except Exception as e:
+                problems.append(f'{at}: the wrapped model raised {type(e).__name__}: {e}')
+                break
+            want = plain(x).detach()
+    if not same(got, want):
+        problems.append(f'{at}: the output through the wrappers differs: {got} against {want}')
+    for p, m in model.named_modules(remove_duplicate=False):
+        if m.training != training:
+            problems.append(f'{at}: {p or "the root"} ({type(m).__name__}) is in '
+                            f'{"training" if m.training else "eval"} mode, the model in '
+                            f'{"training" if training else "eval"} mode')
+            break
+    for key, a, b in zip(original, params, plain_params):
+        if a.requires_grad != b.requires_grad:
+            problems.append(f'{at}: {key} has requires_grad {a.requires_grad}, the model\\'s '
+                            f'{b.requires_grad}')
+        elif not same(a.detach(), b.detach()):
+            problems.append(f'{at}: {key} differs from training without wrappers: {a} against {b}')
+"""
+
+REPRO_CHECKPOINT = """if not problems:
+    import io
+    trained = unwrap(model)
+    buffer = io.BytesIO()
+    torch.save({k: v.detach() for k, v in trained.state_dict().items()}, buffer)
+    buffer.seek(0)
+    try:
+        fresh.load_state_dict(torch.load(buffer), strict=True)
+    except Exception as e:
+        problems.append(f'the trained model, unwrapped and saved, does not load into a fresh '
+                        f'model: {e}')
+    else:
+        fresh.train(training)
+        x = torch.randn(1, DIM, generator=torch.Generator().manual_seed(PROBE_SEED)).to(DTYPE)
+        with torch.no_grad():
+            a, b = fresh(x), plain(x)
+        if not same(a, b):
+            problems.append(f'the trained model, unwrapped, saved and loaded, computes {a} '
+                            f'where the trained model computes {b}')
+"""
+
 # P14: the permanent unwrap, last (it may take the wrappers apart).
 REPRO_RELEASE = """try:
     released = release(model)
@@ -903,7 +1256,7 @@ if released is not None:
             problems.append(f'a {type(m).__name__} is still at {p!r} after release')
     for label, n in runs if 'before' in globals() else []:
         try:
-            after = run(released, batch[2 * RANK:2 * RANK + n])
+            after = run(released, batch[PER_RANK * RANK:PER_RANK * RANK + n])
         except Exception as e:
             problems.append(f'the released model does not run ({label}): {e}')
             continue
@@ -929,7 +1282,7 @@ for label, n in runs:
     want = before[label]
     for name, m in (('wrapped', model), ('unwrapped', unwrapped)):
         try:
-            after = run(m, batch[2 * RANK:2 * RANK + n])
+            after = run(m, batch[PER_RANK * RANK:PER_RANK * RANK + n])
         except Exception as e:
             problems.append(f'the {name} model does not run ({label}): {type(e).__name__}: {e}')
             continue
@@ -956,7 +1309,7 @@ for label, n in runs:
             if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
                 problems.append(f'the gradient of {key} differs in the {name} run ({label}): '
                                 f'{b} against {a}, largest difference '
-                                f'{None if a is None or b is None else (a - b).abs().max()}')
+                                f'{largest(a, b)}')
 """
 
 
@@ -1002,10 +1355,14 @@ def main():
                             raise Failure("import", req[field], f"the {what} '{req[field]}' does "
                                           f"not import: {type(e).__name__}: {e}")
                 reply = {"ok": True, "torch": torch.__version__}
-            elif op == "case":
-                reply = {"ok": True, "case": run_case(req)}
-            elif op == "fixture":
-                reply = {"ok": True, "case": run_fixture(req)}
+            elif op in ("case", "fixture"):
+                # A worker restarted after another rank's fault joins the ranks again first.
+                try:
+                    join_ranks()
+                except Exception as e:
+                    raise Failure("join", "", f"rank {world()[0]} of {world()[1]} could not join "
+                                  f"the others: {type(e).__name__}: {e}")
+                reply = {"ok": True, "case": run_case(req) if op == "case" else run_fixture(req)}
             elif op == "repro":
                 reply = {"ok": True, "script": repro(req)}
             elif op == "exit":

@@ -1,4 +1,5 @@
 #include <wrapcert/certify/detail/quiet_check.h>
+#include <wrapcert/certify/property_table.h>
 #include <wrapcert/detail/path.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/causal_lm.h>
@@ -59,9 +60,9 @@ const char* leaf_name(gen::Leaf leaf) {
     case gen::Leaf::kBuffered:
       return "Buffered";
     case gen::Leaf::kTorchLinear:
-      return "Linear";  // in PyTorch both are nn.Linear
+      return "TorchLinear";  // nn.Linear in PyTorch, placed by the C++ builder's rules
     case gen::Leaf::kModeScale:
-      return "ModeScale";  // not drawn for the worker yet (GenOptions::training)
+      return "ModeScale";
   }
   return "Linear";
 }
@@ -88,6 +89,7 @@ json to_json(const gen::NodeSpec& n) {
       j["type"] = "leaf";
       j["leaf"] = leaf_name(n.leaf);
       j["tie"] = n.tie;
+      j["frozen"] = n.frozen;
       break;
     case gen::NodeSpec::Type::kShared:
       j["type"] = "shared";
@@ -106,7 +108,27 @@ json to_json(const gen::NodeSpec& n) {
 }
 
 json to_json(const gen::TreeSpec& spec) {
-  return {{"dim", spec.dim}, {"root", to_json(spec.root)}};
+  return {{"dim", spec.dim},
+          {"batch", spec.batch},
+          {"eval", spec.eval},
+          {"dtype", gen::to_string(spec.dtype)},
+          {"root", to_json(spec.root)}};
+}
+
+/// What the worker needs to run the training loop (P17) on a tree: the table's steps and the
+/// optimizer's settings.
+json training_fields(const gen::TreeSpec& spec) {
+  json steps = json::array();
+  for (const auto& s : props::training_steps(spec.batch)) {
+    steps.push_back({props::to_string(s.what), s.batch});
+  }
+  return {{"steps", std::move(steps)},
+          {"optimizer", spec.optimizer == gen::Optimizer::kAdam ? "adam" : "sgd"},
+          {"rate", props::kTrainingLearningRate},
+          {"momentum", props::kTrainingMomentum},
+          {"input_seed", props::kTrainingInputSeed},
+          {"probe_seed", props::kTrainingProbeSeed},
+          {"fresh_seed", props::kTrainingFreshSeed}};
 }
 
 bool has_wrappers(const gen::NodeSpec& n) {
@@ -143,6 +165,13 @@ Keys keys_of(const json& entries) {
   Keys out;
   for (const auto& e : entries)
     out.emplace_back(e.at(0).get<std::string>(), e.at(1).get<int64_t>());
+  return out;
+}
+
+/// The names of a reply's keys (its state dict, in order).
+std::vector<std::string> key_names(const json& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) out.push_back(e.at(0).get<std::string>());
   return out;
 }
 
@@ -247,7 +276,9 @@ struct PythonProperty {
   bool numerics = false;  ///< the case must run forward and backward
   std::function<void(gen::GenOptions&)> adjust;
   Check check;
-  std::string skip = {};  ///< non-empty: nothing to compare in this run (why); no case is run
+  std::string skip = {};   ///< non-empty: nothing to compare in this run (why); no case is run
+  bool trains = false;     ///< the case is the training loop (P17)
+  bool per_dtype = false;  ///< a row per dtype, its cases in training or eval mode
 };
 
 /// A run's values as the worker sends them: float64, little-endian, eight bytes apiece, as one
@@ -533,6 +564,129 @@ Verdict backward(const std::string& p, const json& d, double tolerance,
   return pass(p);
 }
 
+/// Whether every value a run sent is finite (a diverged run has nothing to compare).
+bool all_finite(const json& sent) {
+  for (const double v : values_of(sent)) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+/// What step `i` of the training loop was, as reports say it (the C++ loop's words).
+std::string step_text(const json& step, size_t i, size_t n, const std::string& optimizer) {
+  const auto what = step.at("what").get<std::string>();
+  const bool training = step.value("training", true);
+  return "step " + std::to_string(i + 1) + " of " + std::to_string(n) + ", " +
+         (what == "train"     ? "forward, backward and " + optimizer + " step"
+          : what == "no_grad" ? std::string("a call under torch.no_grad()")
+                              : std::string(training ? "train()" : "eval()") +
+                                    " through the wrappers, then a call") +
+         " in " + (training ? "training" : "eval") + " mode on a batch of " +
+         std::to_string(step.at("batch").get<int64_t>());
+}
+
+/// P17 on one case the worker trained: after each step, the wrapped copy's outputs, gradients,
+/// modes, requires_grad flags and values against the model's (bit for bit, or within
+/// `tolerance` per optimizer step so far); then the trained copy unwrapped, saved and loaded
+/// into a fresh model must compute what the trained model computes.
+Verdict training(const std::string& p, const gen::TreeSpec& spec, const json& d, double tolerance) {
+  const auto keys = key_names(d.at("original"));
+  const auto& steps = d.at("steps");
+  const std::string optimizer =
+      spec.optimizer == gen::Optimizer::kAdam ? "Adam" : "SGD(momentum=0.9)";
+  int optimizer_steps = 0;
+  const size_t count = d.value("step_count", steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    const auto at = step_text(s, i, count, optimizer);
+    if (s.contains("error")) {
+      return fail(p, at + ": " + s.value("who", std::string("the wrapped model")) + " raised " +
+                         s["error"].get<std::string>());
+    }
+    const double bound = tolerance * (optimizer_steps + 1);
+    if (!all_finite(s.at("want_output"))) {
+      return skip(p, "the model's training diverged (" + at + ")");
+    }
+    if (const auto why = differs(s.at("output"), s.at("want_output"), bound); !why.empty()) {
+      return fail(p, at + ": the output through the wrappers differs: " + why);
+    }
+    if (s.at("what") == "train") {
+      const auto& got = s.at("grads");
+      const auto& want = s.at("want_grads");
+      for (size_t k = 0; k < keys.size() && k < want.size(); ++k) {
+        if (want[k].is_null() && got[k].is_null()) continue;
+        if (want[k].is_null()) {
+          return fail(p, at + ": a gradient through the wrappers where the model has none",
+                      keys[k]);
+        }
+        if (got[k].is_null()) {
+          return fail(p, at + ": no gradient through the wrappers reaches this parameter", keys[k]);
+        }
+        if (const auto why = differs(got[k], want[k], bound); !why.empty()) {
+          return fail(p, at + ": a gradient through the wrappers differs: " + why, keys[k]);
+        }
+      }
+      ++optimizer_steps;
+    }
+    const bool training = s.value("training", true);
+    for (const auto& m : s.at("modes")) {
+      if (m[1].get<bool>() != training) {
+        const auto path = m[0].get<std::string>();
+        return fail(p,
+                    at + ": a module of the wrapped model is in " +
+                        (training ? "eval" : "training") + " mode, the model in " +
+                        (training ? "training" : "eval") + " mode",
+                    path.empty() ? std::string("<root>") : path);
+      }
+    }
+    const auto& flags = s.at("requires_grad");
+    const auto& want_flags = s.at("want_requires_grad");
+    for (size_t k = 0; k < keys.size() && k < flags.size() && k < want_flags.size(); ++k) {
+      if (flags[k] != want_flags[k]) {
+        return fail(p,
+                    at + ": requires_grad is " + (flags[k].get<bool>() ? "True" : "False") +
+                        ", the model's " + (want_flags[k].get<bool>() ? "True" : "False"),
+                    keys[k]);
+      }
+    }
+    const auto& shapes = s.at("shapes");
+    const auto& want_shapes = s.at("want_shapes");
+    const auto& values = s.at("values");
+    const auto& want_values = s.at("want_values");
+    for (size_t k = 0; k < keys.size() && k < values.size() && k < want_values.size(); ++k) {
+      if (shapes[k] != want_shapes[k]) {
+        return fail(p,
+                    at + ": the tensor's shape or dtype changed (" + shapes[k].dump() +
+                        " against " + want_shapes[k].dump() + ")",
+                    keys[k]);
+      }
+      const double value_bound = tolerance * optimizer_steps;
+      if (const auto why = differs(values[k], want_values[k], value_bound); !why.empty()) {
+        return fail(p, at + ": the model's values differ from training without wrappers: " + why,
+                    keys[k]);
+      }
+    }
+  }
+  const std::string at = "after the " + std::to_string(steps.size()) + " steps";
+  const auto& c = d.at("checkpoint");
+  if (c.contains("error")) {
+    return fail(p, at + ": the checkpoint of the trained model, unwrapped: " +
+                       c["error"].get<std::string>());
+  }
+  if (!all_finite(c.at("want_output"))) {
+    return skip(p, "the model's training diverged (" + at + ")");
+  }
+  if (const auto why =
+          differs(c.at("output"), c.at("want_output"), tolerance * (optimizer_steps + 1));
+      !why.empty()) {
+    return fail(p, at +
+                       ": the trained model, unwrapped, saved with torch.save and loaded into a "
+                       "fresh model, computes otherwise than the trained model: " +
+                       why);
+  }
+  return pass(p);
+}
+
 /// The wrapped model's keys that are its wrappers' own persistent state, declared with
 /// `--owned-state`.
 std::set<std::string> declared_keys(const json& d,
@@ -637,22 +791,45 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    }
                    return v;
                  }});
-  out.push_back({"P2 identity", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
-                   if (auto f = common_failure("P2 identity", o, subject)) return *f;
-                   const auto original = keys_of(o.data().at("original"));
-                   std::map<std::string, int64_t> got;
-                   for (const auto& [k, t] : keys_of(o.data().at("unwrapped"))) got[k] = t;
-                   for (const auto& [k, t] : original) {
-                     const auto it = got.find(k);
-                     if (it == got.end()) {
-                       return fail("P2 identity", "the model's tensor is missing after unwrap", k);
-                     }
-                     if (it->second != t) {
-                       return fail("P2 identity", "not the model's own tensor after unwrap", k);
-                     }
-                   }
-                   return pass("P2 identity");
-                 }});
+  out.push_back(
+      {"P2 identity", false, plain, [subject](const gen::TreeSpec& spec, const Observed& o) {
+         const std::string p = "P2 identity";
+         if (auto f = common_failure(p, o, subject)) return *f;
+         const auto& d = o.data();
+         const auto& original = d.at("original");
+         std::map<std::string, const json*> got;
+         for (const auto& e : d.at("unwrapped")) got[e.at(0).get<std::string>()] = &e;
+         for (const auto& e : original) {
+           const auto k = e.at(0).get<std::string>();
+           const auto it = got.find(k);
+           if (it == got.end()) return fail(p, "the model's tensor is missing after unwrap", k);
+           if (it->second->at(1) != e.at(1)) {
+             return fail(p, "not the model's own tensor after unwrap", k);
+           }
+           if (e.size() > 2 && it->second->size() > 2 && it->second->at(2) != e.at(2)) {
+             return fail(p,
+                         std::string("requires_grad is ") +
+                             (it->second->at(2).get<bool>() ? "True" : "False") +
+                             " after wrapping and unwrapping, the model's " +
+                             (e.at(2).get<bool>() ? "True" : "False"),
+                         k);
+           }
+         }
+         // Every module of the unwrapped model in the mode the wrapped model was put in
+         // (`eval()` through the wrappers for a case drawn in eval mode).
+         const bool training = !spec.eval;
+         for (const auto& m : d.at("unwrapped_modules")) {
+           if (m.size() > 4 && m[4].get<bool>() != training) {
+             const auto path = m[0].get<std::string>();
+             return fail(p,
+                         std::string("a ") + m[1].get<std::string>() + " is in " +
+                             (training ? "eval" : "training") + " mode, the model in " +
+                             (training ? "training" : "eval") + " mode",
+                         path.empty() ? std::string("<root>") : path);
+           }
+         }
+         return pass(p);
+       }});
   out.push_back({"P3 ties", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
                    if (auto f = common_failure("P3 ties", o, subject)) return *f;
                    const auto want = tie_groups(keys_of(o.data().at("original")));
@@ -797,8 +974,8 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return pass(p);
                  }});
   out.push_back(
-      {"P10 round-trip", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
-         const std::string p = "P10 round-trip";
+      {"P10 round trip", false, plain, [subject](const gen::TreeSpec&, const Observed& o) {
+         const std::string p = "P10 round trip";
          if (auto f = common_failure(p, o, subject)) return *f;
          const auto& r = o.data().at("round_trip");
          if (r.contains("error")) {
@@ -965,6 +1142,31 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return pass(p);
                  }});
   if (options.aliases.empty()) out.back().skip = "no alias declared (--alias)";
+  out.push_back({"P17 training", true, plain,
+                 [subject, tolerance](const gen::TreeSpec& spec, const Observed& o) {
+                   const std::string p = "P17 training";
+                   if (auto f = common_failure(p, o, subject)) return *f;
+                   return training(p, spec, o.data(), tolerance);
+                 }});
+  out.back().trains = true;
+  if (options.world_size > 1) out.back().skip = props::property_info("P17").not_across_ranks;
+  // Each row is a property of the table, under its name, or one of certify-python's own (the
+  // layout, the agreement with the C++ kinds); what the table does not run here it says why.
+  for (auto& p : out) {
+    if (p.name == "layout" || p.name == "C++ agreement") continue;
+    const auto& info = props::property_info(p.name);
+    if (info.python != p.name) {
+      throw Error(ErrorCode::kInvalidArgument, p.name,
+                  p.name + " is not a certify-python row in the property table");
+    }
+    p.per_dtype = info.numeric;
+    p.trains = info.trains;
+    const auto adjust = std::move(p.adjust);
+    p.adjust = [adjust, draw = info.adjust](gen::GenOptions& g) {
+      draw(g);
+      adjust(g);
+    };
+  }
   return out;
 }
 
@@ -976,13 +1178,6 @@ std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
-}
-
-/// The names of a reply's keys (its state dict, in order).
-std::vector<std::string> key_names(const json& entries) {
-  std::vector<std::string> out;
-  for (const auto& e : entries) out.push_back(e.at(0).get<std::string>());
-  return out;
 }
 
 /// The worker, or at world size N one worker per rank: each a torch.distributed rank on gloo,
@@ -1037,10 +1232,14 @@ class Runner {
             {"numerics", numerics}};
   }
 
-  const Observed& observe(const gen::TreeSpec& spec, bool numerics, uint64_t seed) {
+  /// One generated case: built, wrapped and unwrapped (with `numerics`, also run forward and
+  /// backward); with `trains`, the training loop instead.
+  const Observed& observe(const gen::TreeSpec& spec, bool numerics, uint64_t seed,
+                          bool trains = false) {
     auto request = case_fields(numerics, seed);
     request["op"] = "case";
     request["spec"] = to_json(spec);
+    if (trains) request.update(training_fields(spec));
     return call(request);
   }
 
@@ -1066,10 +1265,12 @@ class Runner {
     return call(request);
   }
 
-  json repro_request(const gen::TreeSpec& spec, bool numerics, uint64_t seed) const {
+  json repro_request(const gen::TreeSpec& spec, bool numerics, uint64_t seed,
+                     bool trains = false) const {
     auto request = case_fields(numerics, seed);
     request["op"] = "repro";
     request["spec"] = to_json(spec);
+    if (trains) request.update(training_fields(spec));
     request["world_size"] = options_.world_size;
     request["reductions"] = options_.reductions;
     request["owned_state"] = options_.owned_state;
@@ -1088,8 +1289,11 @@ class Runner {
 
  private:
   const Observed& call(const json& request) {
-    // Generated cases, structural (0) and with numerics (1), and fixture cases (2), apart.
-    const int which = request.value("op", "") == "fixture" ? 2 : request.value("numerics", false);
+    // Generated cases, structural (0), with numerics (1) and trained (3), and fixture cases
+    // (2), apart.
+    const int which = request.value("op", "") == "fixture" ? 2
+                      : request.contains("steps")          ? 3
+                                                           : request.value("numerics", false);
     const auto key = request.dump();
     if (auto it = memo_.find(key); it != memo_.end()) return it->second;
     ++calls_[which];
@@ -1175,7 +1379,10 @@ class Runner {
                       " ran it";
       } else if (ok0 && body.contains("case")) {
         for (const char* what : {"original", "wrapped", "unwrapped"}) {
-          if (key_names(body["case"].at(what)) != key_names(o.reply.body["case"].at(what))) {
+          const auto& mine = body["case"];
+          const auto& first = o.reply.body["case"];
+          if (mine.contains(what) != first.contains(what) ||
+              (mine.contains(what) && key_names(mine.at(what)) != key_names(first.at(what)))) {
             o.disagreement = rank + "'s " + what + " model has other keys than rank 0's";
             break;
           }
@@ -1197,8 +1404,8 @@ class Runner {
   int attempt_ = 0;
   std::map<std::string, Observed> memo_;
   std::string torch_version_;
-  int calls_[3] = {0, 0, 0};
-  double seconds_[3] = {0, 0, 0};
+  int calls_[4] = {0, 0, 0, 0};
+  double seconds_[4] = {0, 0, 0, 0};
 };
 
 /// A spec as an indented outline, for a case the worker could not print (it died on it).
@@ -1238,16 +1445,39 @@ void outline(const gen::NodeSpec& n, const std::string& name, int depth, std::st
 
 /// The counterexample as a reader wants it: the wrapped model as PyTorch printed it, its keys,
 /// what the subject gave back, and the Python traceback where one was raised.
-std::string describe(const gen::TreeSpec& spec, const Observed& o) {
+std::string describe(const gen::TreeSpec& spec, const Observed& o, bool generated = true) {
   std::string out;
   if (o.ok()) {
     const auto& d = o.data();
+    // What the tree drew (PyTorch's print shows neither the dtype, the mode, the batch nor
+    // which parameters are frozen), then the wrapped model.
+    if (generated) {
+      out += std::string("built in ") + gen::to_string(spec.dtype) + ", " +
+             std::to_string(spec.dim) + " wide, run in " + (spec.eval ? "eval" : "training") +
+             " mode on a batch of " + std::to_string(spec.batch);
+      if (d.contains("steps")) {
+        out += std::string(", trained with ") +
+               (spec.optimizer == gen::Optimizer::kAdam ? "Adam" : "SGD(momentum=0.9)") +
+               (spec.dtype == gen::Dtype::kFloat64 ? "" : " on float64 master weights");
+      }
+      out += "\n";
+      std::string frozen;
+      for (const auto& e : d.at("original")) {
+        if (e.size() > 2 && !e[2].get<bool>()) {
+          frozen += (frozen.empty() ? "" : ", ") + e[0].get<std::string>();
+        }
+      }
+      if (!frozen.empty()) out += "frozen (requires_grad=False): " + frozen + "\n";
+    }
     out += d.value("wrapped_tree", std::string()) + "\nwrapped keys:\n";
     for (const auto& [k, t] : keys_of(d.at("wrapped"))) out += "  " + k + "\n";
-    out += "unwrapped keys:\n";
-    for (const auto& [k, t] : keys_of(d.at("unwrapped"))) out += "  " + k + "\n";
+    if (d.contains("unwrapped")) {
+      out += "unwrapped keys:\n";
+      for (const auto& [k, t] : keys_of(d.at("unwrapped"))) out += "  " + k + "\n";
+    }
     out += "model keys:\n";
     for (const auto& [k, t] : keys_of(d.at("original"))) out += "  " + k + "\n";
+    if (!d.contains("original_modules")) return out;
     std::set<int64_t> objects;
     for (const auto& m : d.at("original_modules")) objects.insert(m[2].get<int64_t>());
     out += std::to_string(objects.size()) + " modules, " + std::to_string(d.at("wrappers").size()) +
@@ -1269,6 +1499,12 @@ std::string describe(const gen::TreeSpec& spec, const Observed& o) {
 }
 
 }  // namespace
+
+std::vector<std::string> row_names(const Options& options) {
+  std::vector<std::string> out;
+  for (const auto& p : python_properties(options)) out.push_back(p.name);
+  return out;
+}
 
 std::string worker_dir(const Options& options) {
   if (!options.worker_dir.empty()) return options.worker_dir;
@@ -1339,117 +1575,147 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
   replay += " --seed " + std::to_string(seed) + " --cases " + std::to_string(options.cases);
 
   bool repro_written = false;
+  std::vector<gen::Dtype> dtypes = options.dtypes;
+  if (dtypes.empty()) dtypes = {gen::Dtype::kFloat64, gen::Dtype::kFloat32, gen::Dtype::kBFloat16};
   for (const auto& property : python_properties(options)) {
-    Entry entry;
-    entry.kind = kind;
-    entry.property = property.name;
-    entry.target = kGenerated;
-    if (listener) listener(entry, false);
-    if (!property.skip.empty()) {
-      entry.status = Status::kSkipped;
-      entry.reason = property.skip;
-      entry.cases = 0;
-      if (listener) listener(entry, true);
-      report.entries.push_back(std::move(entry));
-      continue;
-    }
-    const auto start = Clock::now();
-    gen::GenOptions g;
-    g.kinds = options.wrappers;
-    // The worker builds wrapcert's own leaves in PyTorch: frozen parameters and the leaves that
-    // compute by mode are not sent to it yet.
-    g.training = false;
-    property.adjust(g);
-    const auto trees = gen::trees(g);
-    auto shrunk = std::make_shared<gen::TreeSpec>();
-    auto verdict = std::make_shared<Verdict>();
-    bool faulted = false;
-    int runs = 0, refused = 0, wrapped = 0;  // wrapped: cases with a wrapper, refused or not
-    std::map<std::string, int> refusals;     // reason -> cases
-    std::optional<gen::TreeSpec> first_refused;
-    const auto result = detail::check_quietly(
-        kind + "." + property.name, seed, options.cases, options.max_size, [&] {
-          const auto spec = *trees;
-          // After a worker fault, shrinking stops: a smaller case that hangs too would cost
-          // another time limit, and the case that faulted is the one to report.
-          RC_PRE(!faulted);
-          const auto& o = runner.observe(spec, property.numerics, seed);
-          // A child name PyTorch refuses ("modules": a method of nn.Module) has no Python case.
-          RC_PRE(o.ok() || o.reply.fault != Fault::kNone || o.stage() != "unbuildable");
-          if (has_wrappers(spec.root)) ++wrapped;
-          if (!o.ok() && o.reply.fault == Fault::kNone && o.disagreement.empty() &&
-              o.stage() == "wrap") {
-            ++refused;  // a wrapper that refuses a module (DDP without parameters) is a skip
-            ++refusals[o.field("who") + ": " + o.field("error")];
-            if (!first_refused) first_refused = spec;
-            RC_DISCARD("a wrapper refused the module");
-          }
-          ++runs;
-          const auto v = property.check(spec, o);
-          if (!v.passed) {
-            *shrunk = spec;
-            *verdict = v;
-            faulted = o.reply.fault != Fault::kNone;
-          }
-          RC_PRE(!v.skipped);
-          RC_ASSERT(v.passed);
-        });
-    entry.cases = runs;
-    rc::detail::FailureResult failure;
-    rc::detail::GaveUpResult gave_up;
-    if (result.match(failure)) {
-      entry.status = Status::kFailed;
-      entry.reason = verdict->reason.empty() ? failure.description : verdict->reason;
-      entry.key = verdict->key;
-      entry.counterexample = describe(*shrunk, runner.observe(*shrunk, property.numerics, seed));
-      entry.replay = replay;
-      if (!options.repro.empty() && !repro_written) {
-        const auto r = runner.worker().call(runner.repro_request(*shrunk, property.numerics, seed));
-        if (r.fault == Fault::kNone && r.body.value("ok", false)) {
-          write_file_atomically(options.repro, r.body.at("script").get<std::string>());
-          entry.counterexample += "\nrepro script: " + options.repro;
-          repro_written = true;
-        }
+    std::vector<std::optional<gen::Dtype>> rows{std::nullopt};
+    if (property.per_dtype) rows.assign(dtypes.begin(), dtypes.end());
+    for (const auto& dtype : rows) {
+      Entry entry;
+      entry.kind = kind;
+      entry.property = property.name;
+      entry.target = options.world_size > 1 ? std::string(kGenerated) + ", world size " +
+                                                  std::to_string(options.world_size)
+                                            : std::string(kGenerated);
+      if (dtype) entry.dtype = gen::to_string(*dtype);
+      const std::string row_replay =
+          replay + (dtype ? std::string(" --dtypes ") + gen::to_string(*dtype) : std::string());
+      if (listener) listener(entry, false);
+      if (!property.skip.empty()) {
+        entry.status = Status::kSkipped;
+        entry.reason = property.skip;
+        entry.cases = 0;
+        if (listener) listener(entry, true);
+        report.entries.push_back(std::move(entry));
+        continue;
       }
-    } else if (result.match(gave_up)) {
-      entry.status = Status::kSkipped;
-      entry.reason = "too few generated cases apply: " + gave_up.description;
-    }
-    // Refusals by distinct reason, most frequent first.
-    std::vector<std::pair<int, std::string>> by_count;
-    for (const auto& [why, n] : refusals) by_count.emplace_back(n, why);
-    std::sort(by_count.begin(), by_count.end(), [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    std::string reasons;
-    for (const auto& [n, why] : by_count) {
-      reasons += (reasons.empty() ? "" : "; ") + std::to_string(n) + " × " + why;
-    }
-    if (entry.status != Status::kFailed && wrapped > 0 && 2 * refused > wrapped) {
-      entry.status = Status::kFailed;
-      entry.reason = "the wrappers refused " + std::to_string(refused) + " of the " +
-                     std::to_string(wrapped) +
-                     " generated models that had a wrapper (more than half): " + reasons;
-      entry.replay = replay;
-      if (first_refused) {
-        entry.counterexample = "the first model refused:\n";
-        outline(first_refused->root, "", 0, entry.counterexample);
+      const auto start = Clock::now();
+      gen::GenOptions g;
+      g.kinds = options.wrappers;
+      // Every case in training or eval mode (P2 compares each module's mode too); the rows that
+      // run the model in their dtype.
+      g.eval_mode = true;
+      if (dtype) g.dtypes = {*dtype};
+      property.adjust(g);
+      const auto trees = gen::trees(g);
+      auto shrunk = std::make_shared<gen::TreeSpec>();
+      auto verdict = std::make_shared<Verdict>();
+      bool faulted = false;
+      certify::Drawn drawn;                    // what the judged cases with a wrapper drew
+      int runs = 0, refused = 0, wrapped = 0;  // wrapped: cases with a wrapper, refused or not
+      std::map<std::string, int> refusals;     // reason -> cases
+      std::optional<gen::TreeSpec> first_refused;
+      const auto result = detail::check_quietly(
+          kind + "." + property.name, seed, options.cases, options.max_size, [&] {
+            const auto spec = *trees;
+            // After a worker fault, shrinking stops: a smaller case that hangs too would cost
+            // another time limit, and the case that faulted is the one to report.
+            RC_PRE(!faulted);
+            const auto& o = runner.observe(spec, property.numerics, seed, property.trains);
+            // A child name PyTorch refuses ("modules": a method of nn.Module) has no Python case.
+            RC_PRE(o.ok() || o.reply.fault != Fault::kNone || o.stage() != "unbuildable");
+            if (has_wrappers(spec.root)) ++wrapped;
+            if (!o.ok() && o.reply.fault == Fault::kNone && o.disagreement.empty() &&
+                o.stage() == "wrap") {
+              ++refused;  // a wrapper that refuses a module (DDP without parameters) is a skip
+              ++refusals[o.field("who") + ": " + o.field("error")];
+              if (!first_refused) first_refused = spec;
+              RC_DISCARD("a wrapper refused the module");
+            }
+            ++runs;
+            const auto v = property.check(spec, o);
+            if (!v.passed) {
+              *shrunk = spec;
+              *verdict = v;
+              faulted = o.reply.fault != Fault::kNone;
+            }
+            RC_PRE(!v.skipped);
+            if (has_wrappers(spec.root)) {
+              certify::add_drawn(drawn, spec, property.trains);
+              if (const int64_t world = options.world_size; world > 1) {
+                ++(spec.dim < world        ? drawn.empty_rows
+                   : spec.dim % world == 0 ? drawn.even_rows
+                                           : drawn.uneven_rows);
+              }
+            }
+            RC_ASSERT(v.passed);
+          });
+      entry.cases = runs;
+      rc::detail::FailureResult failure;
+      rc::detail::GaveUpResult gave_up;
+      if (result.match(failure)) {
+        entry.status = Status::kFailed;
+        entry.reason = verdict->reason.empty() ? failure.description : verdict->reason;
+        entry.key = verdict->key;
+        entry.counterexample =
+            describe(*shrunk, runner.observe(*shrunk, property.numerics, seed, property.trains));
+        entry.replay = row_replay;
         if (!options.repro.empty() && !repro_written) {
-          const auto r = runner.worker().call(runner.repro_request(*first_refused, false, seed));
+          const auto r = runner.worker().call(
+              runner.repro_request(*shrunk, property.numerics, seed, property.trains));
           if (r.fault == Fault::kNone && r.body.value("ok", false)) {
             write_file_atomically(options.repro, r.body.at("script").get<std::string>());
-            entry.counterexample += "repro script: " + options.repro;
+            entry.counterexample += "\nrepro script: " + options.repro;
             repro_written = true;
           }
         }
+      } else if (result.match(gave_up)) {
+        entry.status = Status::kSkipped;
+        entry.reason = "too few generated cases apply: " + gave_up.description;
       }
-    } else if (refused > 0 && entry.status != Status::kFailed) {
-      entry.reason = std::to_string(refused) + " of " + std::to_string(wrapped) +
-                     " generated models with a wrapper refused (" + reasons + ")";
+      // Refusals by distinct reason, most frequent first.
+      std::vector<std::pair<int, std::string>> by_count;
+      for (const auto& [why, n] : refusals) by_count.emplace_back(n, why);
+      std::sort(by_count.begin(), by_count.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      std::string reasons;
+      for (const auto& [n, why] : by_count) {
+        reasons += (reasons.empty() ? "" : "; ") + std::to_string(n) + " × " + why;
+      }
+      if (entry.status != Status::kFailed && wrapped > 0 && 2 * refused > wrapped) {
+        entry.status = Status::kFailed;
+        entry.reason = "the wrappers refused " + std::to_string(refused) + " of the " +
+                       std::to_string(wrapped) +
+                       " generated models that had a wrapper (more than half): " + reasons;
+        entry.replay = row_replay;
+        if (first_refused) {
+          entry.counterexample = "the first model refused:\n";
+          outline(first_refused->root, "", 0, entry.counterexample);
+          if (!options.repro.empty() && !repro_written) {
+            const auto r = runner.worker().call(runner.repro_request(*first_refused, false, seed));
+            if (r.fault == Fault::kNone && r.body.value("ok", false)) {
+              write_file_atomically(options.repro, r.body.at("script").get<std::string>());
+              entry.counterexample += "repro script: " + options.repro;
+              repro_written = true;
+            }
+          }
+        }
+      } else if (refused > 0 && entry.status != Status::kFailed) {
+        entry.reason = std::to_string(refused) + " of " + std::to_string(wrapped) +
+                       " generated models with a wrapper refused (" + reasons + ")";
+      }
+      if (g.wrappers) {
+        const int cases = entry.cases;
+        const auto reason = entry.reason;
+        certify::set_coverage(entry, kind, drawn, dtype.has_value(), property.trains);
+        entry.cases = cases;
+        entry.reason = reason;
+      }
+      entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (listener) listener(entry, true);
+      report.entries.push_back(std::move(entry));
     }
-    entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (listener) listener(entry, true);
-    report.entries.push_back(std::move(entry));
   }
   if (options.fixtures) {
     // The fixture rows: one case each, the fixture's keys checked against the C++ fixture.
@@ -1459,21 +1725,26 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
       const auto config = fixtures::config_named(name);
       for (const auto& property : python_properties(options)) {
         // P9 runs on trees without wrappers; the layout row checks the fixture against C++.
+        // P17 trains generated trees: the fixtures are built by the worker's own builder.
         if (property.name == "P9 no false positives" || property.name == "C++ agreement" ||
-            !property.skip.empty()) {
+            property.trains || !property.skip.empty()) {
           continue;
         }
         Entry entry;
         entry.kind = kind;
         entry.property = property.name;
         entry.target = name;
+        if (property.per_dtype) entry.dtype = "float64";  // the fixtures run in float64
         if (listener) listener(entry, false);
         const auto start = Clock::now();
         const auto& o = runner.observe_fixture(config, property.numerics, seed);
         Verdict v;
         if (property.name == "layout") {
           if (!o.ok()) {
-            v = o.reply.fault == Fault::kNone && o.stage() != "build" && o.stage() != "run"
+            // A wrapper or the subject that fails is the other rows' finding; ranks that
+            // disagree fail every row.
+            v = o.reply.fault == Fault::kNone && o.disagreement.empty() && o.stage() != "build" &&
+                        o.stage() != "run"
                     ? pass("layout")
                     : *common_failure("layout", o, "");
           } else {
@@ -1499,7 +1770,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
           entry.status = Status::kFailed;
           entry.reason = v.reason;
           entry.key = v.key;
-          entry.counterexample = describe(wrapped_fixture, o);
+          entry.counterexample = describe(wrapped_fixture, o, /*generated=*/false);
           entry.replay = replay;
         }
         entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -1515,6 +1786,8 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     stats->numeric_seconds = runner.seconds(1);
     stats->fixture_cases = runner.calls(2);
     stats->fixture_seconds = runner.seconds(2);
+    stats->training_cases = runner.calls(3);
+    stats->training_seconds = runner.seconds(3);
     stats->worker_starts = runner.starts();
     stats->torch_version = runner.torch_version();
   }

@@ -42,11 +42,15 @@ struct Options {
   /// The unwrap function under test (`package.module:callable`, model -> module); empty: the
   /// Python port of the reference unwrap, and the wrappers are what is certified.
   std::string unwrap;
+  /// Dtypes the rows that run the model (P4, P14, P17) run in, each a row of its own; every
+  /// case of those rows runs in training or in eval mode, drawn. Empty: float64, float32 and
+  /// bfloat16 (float16 has too few CPU kernels in PyTorch).
+  std::vector<gen::Dtype> dtypes;
   int cases = 100;     ///< generated cases per property
   int max_size = 100;  ///< rapidcheck's size bound
   uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
-  /// P4: largest absolute difference allowed between wrapped and unwrapped outputs and
-  /// gradients; 0 means bit for bit.
+  /// P4 and P17: largest absolute difference allowed between wrapped and unwrapped outputs,
+  /// gradients and (P17, per optimizer step) values; 0 means bit for bit.
   double tolerance = 0.0;
   /// The interpreter: empty means $WRAPCERT_PYTHON, else /usr/bin/python3.
   std::string interpreter;
@@ -84,6 +88,8 @@ struct Stats {
   int numeric_cases = 0;  ///< P4's cases: also the model, the wrapped and the unwrapped run,
                           ///< for a batch and a single example
   double numeric_seconds = 0;
+  int training_cases = 0;  ///< P17's cases: the training loop's steps and the save and load
+  double training_seconds = 0;
   int fixture_cases = 0;  ///< the tiny Gemma and Mistral, built in Python (counted apart)
   double fixture_seconds = 0;
   int worker_starts = 0;      ///< processes started: one per rank, plus one per rank per fault
@@ -94,6 +100,11 @@ struct Stats {
 /// `Error` when the worker cannot start or a wrapper or the subject does not import.
 certify::Report certify_python(const Options& options, const certify::Listener& listener = nullptr,
                                Stats* stats = nullptr);
+
+/// The rows a run with `options` has on generated trees, in order, each once (a row of a
+/// property run in several dtypes is named once): "layout", "C++ agreement", then the property
+/// table's entries certify-python runs. Starts nothing.
+std::vector<std::string> row_names(const Options& options);
 
 /// Where the worker's Python files are (see `Options::worker_dir`).
 std::string worker_dir(const Options& options);
