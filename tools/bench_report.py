@@ -106,7 +106,8 @@ def load(paths):
                 fig.cpu.append(b["cpu_ns"])
             fig.label = b.get("label", fig.label)
             for key in ("items_per_second", "peak_rss_mb", "tree_mb", "bytes_per_module",
-                        "view_mb", "translator_mb", "structural_cases_per_s", "p4_cases_per_s"):
+                        "view_mb", "translator_mb", "structural_cases_per_s", "p4_cases_per_s",
+                        "p17_cases_per_s"):
                 if key in b:
                     fig.counters[key].append(b[key])
     return figures, contexts, errors
@@ -532,10 +533,11 @@ def target_rows(figures, tree_list, times, context=None):
         source = figures[name]
         if not source.counters.get("items_per_second"):
             continue
-        text, _ = fmt_rate(rate_figure(name, source.counters["items_per_second"]))
-        # certify-python has no training loop yet: no peer to put beside it, and no target.
-        rows.append(f"| P17 training, {source.label or name} | {text} | – (no training loop in "
-                    f"certify-python yet) | – | – | |")
+        fig = rate_figure(name, source.counters["items_per_second"])
+        text, _ = fmt_rate(fig)
+        # Beside certify-python's training loop (float64); the issue set no target for it.
+        py, r = peer_cells(fig, "p17_cases_per_s")
+        rows.append(f"| P17 training, {source.label or name} | {text} | {py} | {r} | – | |")
     for title, kind, arg, figs in tree_list:
         if "python" not in figs or "reference" not in figs:
             continue
