@@ -174,20 +174,20 @@ case "$group" in
     grep -q "alias 'module' reaches a WrongAlias, not the module in its slot 'inner'" "$dir/report.json" || fail "WrongAlias' reason"
     # How models are trained: one fault per dimension, rejected by the row named (shrunk to the
     # value that exposes it), with a repro that shows it; the correct ones pass.
-    certify 0 --wrapper wrappers_under_test:ForwardingTrain
-    certify 0 --wrapper wrappers_under_test:ExactNoGrad
-    contract Unfreezing P2 ".*: requires_grad is True after wrapping and unwrapping, the model's False"
+    certify 0 --wrapper wrappers_under_test:ForwardingTrain --no-fixtures
+    certify 0 --wrapper wrappers_under_test:ExactNoGrad --no-fixtures
+    contract Unfreezing P2 ".*: requires_grad is True after wrapping and unwrapping, the model's False" --no-fixtures
     grep -q "frozen (requires_grad=False): " "$dir/report.json" || fail "Unfreezing's counterexample names no frozen key"
     expect failed "Unfreezing" P4 P17
-    contract StuckInTraining P2 ".* is in training mode after model.train(False) through the wrappers"
+    contract StuckInTraining P2 ".* is in training mode after model.train(False) through the wrappers" --no-fixtures
     grep -q "run in eval mode" "$dir/report.json" || fail "StuckInTraining's counterexample is not in eval mode"
-    contract NoGradScale P17 "step 2 of 6 (no_grad, batch of 1): the output through the wrappers differs"
+    contract NoGradScale P17 "step 2 of 6 (no_grad, batch of 1): the output through the wrappers differs" --no-fixtures
     expect passed "NoGradScale" P2 P4
-    contract StaleGather P17 "step 2 of 6 (no_grad, batch of 1): the output through the wrappers differs"
+    contract StaleGather P17 "step 2 of 6 (no_grad, batch of 1): the output through the wrappers differs" --no-fixtures
     expect passed "StaleGather" P4
-    contract OptimizerBreaking P17 "an optimizer given the wrapped model's parameters raised ValueError"
+    contract OptimizerBreaking P17 "an optimizer given the wrapped model's parameters raised ValueError" --no-fixtures
     grep -q "step 1 of 6, .*: the optimizer step over the wrapped model's parameters raised" "$dir/report.json" || fail "OptimizerBreaking's step"
-    contract LargeBatchFault P4 "the wrapped output differs (a batch)"
+    contract LargeBatchFault P4 "the wrapped output differs (a batch)" --no-fixtures
     grep -q "on a batch of 3" "$dir/report.json" || fail "LargeBatchFault is not shrunk to a batch of 3"
     dtypes=float64,float32,bfloat16 certify 1 --wrapper wrappers_under_test:BFloat16Fault --no-fixtures
     [ "$(failed_rows)" = "P4/bfloat16 P17/bfloat16" ] || fail "BFloat16Fault: failed $(failed_rows)"
