@@ -836,9 +836,8 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
   gen::GenOptions g;
   g.kinds = {kind};
   g.sharing = false;  // a tensor tied across units is not what sharding wrappers accept
-  // Widths and batch sizes vary here too; frozen parameters, mode-dependent and LibTorch leaves
-  // are drawn by the single-process properties alone so far.
-  g.training = false;
+  // What training varies, as on one process: widths, batch sizes, frozen parameters,
+  // mode-dependent and LibTorch leaves.
   if (dtype) g.dtypes = {*dtype};
   const auto trees = rc::gen::map(gen::trees(g), [kind, nests = across.nests](gen::TreeSpec s) {
     rewrap(s.root, kind, nests, true);
@@ -884,6 +883,10 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
             ++drawn.training;
             widths.insert(spec.dim);
             batches.insert(batch);
+            const auto leaves = gen::stats(spec);
+            drawn.frozen += leaves.frozen > 0;
+            drawn.mode_leaves += leaves.mode_leaves > 0;
+            drawn.cloneable += leaves.cloneable > 0;
             const int64_t world = group.size();
             ++(spec.dim < world        ? drawn.empty_rows
                : spec.dim % world == 0 ? drawn.even_rows
