@@ -99,7 +99,7 @@ gen::GenOptions generation_options(const std::string& kind, std::optional<gen::D
 
 }  // namespace
 
-void add_drawn(Drawn& d, const gen::TreeSpec& spec, bool trains) {
+void add_drawn(Drawn& d, const gen::TreeSpec& spec, bool trains, int64_t world_size) {
   ++(spec.eval ? d.eval : d.training);
   auto insert = [](std::vector<int64_t>& v, int64_t x) {
     const auto at = std::lower_bound(v.begin(), v.end(), x);
@@ -112,6 +112,11 @@ void add_drawn(Drawn& d, const gen::TreeSpec& spec, bool trains) {
   d.mode_leaves += s.mode_leaves > 0;
   d.cloneable += s.cloneable > 0;
   if (trains) ++(spec.optimizer == gen::Optimizer::kAdam ? d.adam : d.sgd);
+  if (world_size > 1) {
+    ++(spec.dim < world_size        ? d.empty_rows
+       : spec.dim % world_size == 0 ? d.even_rows
+                                    : d.uneven_rows);
+  }
 }
 
 namespace {

@@ -155,8 +155,8 @@ std::string to_json(const Report& report);
 std::string to_junit(const Report& report);
 
 /// Adds a case that held the certified kind to what a row drew (`trains`: the row trains, and
-/// counts the case's optimizer).
-void add_drawn(Drawn& drawn, const gen::TreeSpec& spec, bool trains);
+/// counts the case's optimizer); across `world_size` ranks, also how its width splits.
+void add_drawn(Drawn& drawn, const gen::TreeSpec& spec, bool trains, int64_t world_size = 1);
 /// Sets a row's `drawn`, `exercised` and coverage line from what its cases drew: how many held
 /// `kind`, by mode where `by_mode`, and the optimizers where `trains`.
 void set_coverage(Entry& entry, const std::string& kind, const Drawn& drawn, bool by_mode,

@@ -846,8 +846,7 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
   auto shrunk = std::make_shared<gen::TreeSpec>();
   auto verdict = std::make_shared<Verdict>();
   int runs = 0, exercised = 0, n = 0;
-  Drawn drawn;  // what the exercised cases drew
-  std::set<int64_t> widths, batches;
+  Drawn drawn;       // what the exercised cases drew
   std::string lost;  // a collective that failed: the ranks can no longer agree on anything
   const auto result = detail::check_quietly(
       kind + "." + property, options.seed, options.cases, options.max_size, [&] {
@@ -880,17 +879,9 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
           if (!v.skipped &&
               std::find(built.kinds.begin(), built.kinds.end(), kind) != built.kinds.end()) {
             ++exercised;
-            ++drawn.training;
-            widths.insert(spec.dim);
-            batches.insert(batch);
-            const auto leaves = gen::stats(spec);
-            drawn.frozen += leaves.frozen > 0;
-            drawn.mode_leaves += leaves.mode_leaves > 0;
-            drawn.cloneable += leaves.cloneable > 0;
-            const int64_t world = group.size();
-            ++(spec.dim < world        ? drawn.empty_rows
-               : spec.dim % world == 0 ? drawn.even_rows
-                                       : drawn.uneven_rows);
+            auto as_run = spec;  // each rank ran `batch` examples
+            as_run.batch = batch;
+            add_drawn(drawn, as_run, /*trains=*/false, group.size());
           }
         } catch (const std::exception&) {
           (void)detail::take_blame();
@@ -909,8 +900,6 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
   }
   entry.cases = runs;
   entry.exercised = exercised;
-  drawn.widths.assign(widths.begin(), widths.end());
-  drawn.batches.assign(batches.begin(), batches.end());
   entry.drawn = drawn;
   entry.coverage = std::to_string(exercised) + " of " + std::to_string(runs) + " cases held " +
                    kind + " on " + std::to_string(group.size()) + " ranks";

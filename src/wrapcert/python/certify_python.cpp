@@ -1647,12 +1647,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
             }
             RC_PRE(!v.skipped);
             if (has_wrappers(spec.root)) {
-              certify::add_drawn(drawn, spec, property.trains);
-              if (const int64_t world = options.world_size; world > 1) {
-                ++(spec.dim < world        ? drawn.empty_rows
-                   : spec.dim % world == 0 ? drawn.even_rows
-                                           : drawn.uneven_rows);
-              }
+              certify::add_drawn(drawn, spec, property.trains, options.world_size);
             }
             RC_ASSERT(v.passed);
           });
@@ -1711,13 +1706,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
         entry.reason = std::to_string(refused) + " of " + std::to_string(wrapped) +
                        " generated models with a wrapper refused (" + reasons + ")";
       }
-      if (g.wrappers) {
-        const int cases = entry.cases;
-        const auto reason = entry.reason;
-        certify::set_coverage(entry, kind, drawn, dtype.has_value(), property.trains);
-        entry.cases = cases;
-        entry.reason = reason;
-      }
+      if (g.wrappers) certify::set_coverage(entry, kind, drawn, dtype.has_value(), property.trains);
       entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
       if (listener) listener(entry, true);
       report.entries.push_back(std::move(entry));
