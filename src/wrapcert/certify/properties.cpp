@@ -1288,9 +1288,10 @@ Verdict training_loop(Case& c) {
         std::max({wrapped.tolerance * eps * static_cast<double>(steps.size() + 1),
                   layout_bits ? 4.0 * optimizer_steps * eps : 0.0,
                   sums > 0 ? 4.0 * (sums + 2) * eps * static_cast<double>(steps.size()) : 0.0});
+    // One fresh model, built with other values; each checkpoint overwrites all of them.
+    const auto fresh = gen::build(spec, {std::nullopt, kTrainingFreshSeed, false});
+    fresh.root->train(training);
     for (const auto& [format, loaded] : checkpoints) {
-      const auto fresh =
-          gen::build(spec, {std::nullopt, kTrainingFreshSeed, false});  // other values
       {
         torch::NoGradGuard no_grad;
         std::string key;
@@ -1308,7 +1309,6 @@ Verdict training_loop(Case& c) {
           item.value().copy_(t);
         }
       }
-      fresh.root->train(training);
       torch::Tensor got;
       {
         torch::NoGradGuard no_grad;
