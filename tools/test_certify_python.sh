@@ -30,6 +30,20 @@ certify() {  # certify EXPECTED_EXIT ARGS...: the rows that run the model in $dt
     --json "$dir/report.json" "$@"
   [ -s "$dir/report.json" ] || fail "no report for $*"
 }
+repro_as_two_ranks() {  # repro_as_two_ranks SCRIPT NAME: SCRIPT run as ranks 0 and 1 with
+  # torchrun's variables (rank 0 serves the store); rank r's output in $dir/NAMEr.txt, its exit
+  # status in codes[r]
+  local script=$1 name=$2 port r
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
+      timeout 120 /usr/bin/python3 "$script" > "$dir/$name$r.txt" 2>&1 &
+  done
+  for r in 0 1; do
+    wait %$((r + 1))
+    codes[r]=$?
+  done
+}
 failed_rows() {  # the failed rows as PROPERTY[/DTYPE], one line
   /usr/bin/python3 - "$dir/report.json" <<'PY'
 import json, sys
@@ -302,14 +316,9 @@ PY
     grep -q -- "--world-size 2" "$dir/report.json" || fail "the replay line lacks --world-size"
     # The repro runs as two ranks with torchrun's variables (rank 0 serves the store) and
     # exits 1 on each, saying what differs there.
-    port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    repro_as_two_ranks "$dir/local.py" local
     for r in 0 1; do
-      RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
-        timeout 120 /usr/bin/python3 "$dir/local.py" > "$dir/local$r.txt" 2>&1 &
-    done
-    for r in 0 1; do
-      wait %$((r + 1)); code=$?
-      [ "$code" -eq 1 ] || { cat "$dir/local$r.txt"; fail "rank $r of the repro exited $code, not 1"; }
+      [ "${codes[r]}" -eq 1 ] || { cat "$dir/local$r.txt"; fail "rank $r of the repro exited ${codes[r]}, not 1"; }
       grep -q "PROBLEM (rank $r): the gradient of .* is not the mean" "$dir/local$r.txt" ||
         { cat "$dir/local$r.txt"; fail "rank $r of the repro shows no PROBLEM"; }
     done
@@ -330,17 +339,12 @@ rows = [e for e in json.load(open(sys.argv[1]))["entries"] if e["status"] != "sk
 wrong = [(e["property"], e["target"]) for e in rows if e["property"] != "P9 no false positives"
          and (e["status"] != "failed" or "rank 1's wrapped model has other keys" not in e["reason"])]
 fixtures = [e for e in rows if e["target"] == "tiny-gemma" and e["status"] == "failed"]
-print(wrong)
+print("rows left passing:", wrong) if wrong else None
 sys.exit(1 if wrong or not fixtures else 0)
 PY
-    port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    repro_as_two_ranks "$dir/ranks.py" ranks
     for r in 0 1; do
-      RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
-        timeout 120 /usr/bin/python3 "$dir/ranks.py" > "$dir/ranks$r.txt" 2>&1 &
-    done
-    for r in 0 1; do
-      wait %$((r + 1)); code=$?
-      [ "$code" -eq "$r" ] || { cat "$dir/ranks$r.txt"; fail "rank $r of the disagreement's repro exited $code, not $r"; }
+      [ "${codes[r]}" -eq "$r" ] || { cat "$dir/ranks$r.txt"; fail "rank $r of the disagreement's repro exited ${codes[r]}, not $r"; }
     done
     grep -q "PROBLEM (rank 1): this rank's wrapped model has other keys than rank 0's" "$dir/ranks1.txt" ||
       { cat "$dir/ranks1.txt"; fail "rank 1 of the repro does not name the disagreement"; }

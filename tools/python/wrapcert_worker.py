@@ -431,29 +431,63 @@ def resolve_wrappers(names):
     return {name: wrapper_callable(name) for name in names}
 
 
+def resolve_case(req, wraps):
+    """The wrappers a case names at `wraps`, its unwrap subject and its release function (None
+    for the reference port and for none); what does not import fails the case."""
+    names = sorted({n for _, ns in wraps for n in ns})
+    try:
+        return (resolve_wrappers(names), subject(req.get("unwrap")),
+                subject(req.get("release")))
+    except Exception as e:
+        raise Failure("import", "", f"{type(e).__name__}: {e}")
+
+
+def unwrap_case(req, unwrap_fn, wrapped, kinds):
+    """The subject's result for `wrapped`; what it raises, or anything but a module it gives
+    back, fails the case naming it."""
+    who = req.get("unwrap") or "the reference port"
+    try:
+        unwrapped = unwrap_fn(wrapped) if unwrap_fn else PORT["unwrap"](wrapped, kinds)
+    except Exception as e:
+        raise Failure("unwrap", who, f"{type(e).__name__}: {e}")
+    if not isinstance(unwrapped, nn.Module):
+        raise Failure("unwrap", who,
+                      f"gave back a {type(unwrapped).__name__}, not a torch.nn.Module")
+    return unwrapped
+
+
 def subject(name):
     if not name:
         return None
     return import_path(name)
 
 
-def round_trip(unwrapped, make, seed, want):
-    """P10: what the unwrapped model saves loads strictly into a freshly built model and gives
-    it the model's values. Empty when it does; else what went wrong."""
+def save_and_load(unwrapped, fresh, what):
+    """What `unwrapped` saves with torch.save, loaded strictly into `fresh`; None when it loads,
+    else what went wrong (`what` names the model saved)."""
     import io
     buffer = io.BytesIO()
     try:
-        torch.save(unwrapped.state_dict(), buffer)
+        torch.save({k: v.detach() for k, v in unwrapped.state_dict().items()}, buffer)
         buffer.seek(0)
         saved = torch.load(buffer)
     except Exception as e:
-        return {"error": f"saving the unwrapped model's state dict: {type(e).__name__}: {e}"}
-    fresh = make(seed + 1)
+        return f"saving {what}'s state dict: {type(e).__name__}: {e}"
     try:
         fresh.load_state_dict(saved, strict=True)
     except Exception as e:
-        return {"error": f"loading it into a fresh model: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}"}
+        return (f"loading it into a fresh model: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}")
+    return None
+
+
+def round_trip(unwrapped, make, seed, want):
+    """P10: what the unwrapped model saves loads strictly into a freshly built model and gives
+    it the model's values. Empty when it does; else what went wrong."""
+    fresh = make(seed + 1)
+    error = save_and_load(unwrapped, fresh, "the unwrapped model")
+    if error:
+        return {"error": error}
     for key, value in fresh.state_dict().items():
         if key not in want or not torch.equal(value, want[key].detach()):
             return {"error": "a fresh model loaded from it differs from the model", "key": key}
@@ -546,12 +580,7 @@ def train_case(req, builder, seed):
     values. Then the trained copy unwrapped by the subject, saved with torch.save, loaded
     strictly into a fresh model, and both run on a probe."""
     rank, ranks = world()
-    names = sorted({n for _, ns in builder.wraps for n in ns})
-    try:
-        wrappers = resolve_wrappers(names)
-        unwrap_fn = subject(req.get("unwrap"))
-    except Exception as e:
-        raise Failure("import", "", f"{type(e).__name__}: {e}")
+    wrappers, unwrap_fn, _ = resolve_case(req, builder.wraps)
     plain = build_spec(builder, seed)
     copy_ = build_spec(builder, seed)
     plain_state = list(plain.state_dict(keep_vars=True).items())
@@ -622,33 +651,15 @@ def train_case(req, builder, seed):
         result["tensors"] = tensors.table
         return result
     # The scenario wrapcert began with: the trained model unwrapped, saved, loaded, run.
-    try:
-        unwrapped = (unwrap_fn(wrapped) if unwrap_fn else PORT["unwrap"](wrapped, kinds))
-    except Exception as e:
-        raise Failure("unwrap", req.get("unwrap") or "the reference port",
-                      f"{type(e).__name__}: {e}")
-    if not isinstance(unwrapped, nn.Module):
-        raise Failure("unwrap", req.get("unwrap") or "the reference port",
-                      f"gave back a {type(unwrapped).__name__}, not a torch.nn.Module")
+    unwrapped = unwrap_case(req, unwrap_fn, wrapped, kinds)
     result["unwrapped"] = state(unwrapped, tensors)
     result["tensors"] = tensors.table
     checkpoint = {}
     result["checkpoint"] = checkpoint
-    import io
-    buffer = io.BytesIO()
-    try:
-        torch.save({k: v.detach() for k, v in unwrapped.state_dict().items()}, buffer)
-        buffer.seek(0)
-        saved = torch.load(buffer)
-    except Exception as e:
-        checkpoint["error"] = f"saving the trained model's state dict: {type(e).__name__}: {e}"
-        return result
     fresh = build_spec(builder, int(req.get("fresh_seed", 99)))
-    try:
-        fresh.load_state_dict(saved, strict=True)
-    except Exception as e:
-        checkpoint["error"] = (f"loading it into a fresh model: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}")
+    error = save_and_load(unwrapped, fresh, "the trained model")
+    if error:
+        checkpoint["error"] = error
         return result
     fresh.train(training)
     x = sample(builder, int(req.get("probe_seed", 200)), 1)
@@ -688,13 +699,7 @@ def observe(req, make, wraps, batch, per_rank, eval_mode):
     (`eval()` on the wrapped model, as a user calls it)."""
     rank, ranks = world()
     x = batch[per_rank * rank:per_rank * (rank + 1)]
-    names = sorted({n for _, ns in wraps for n in ns})
-    try:
-        wrappers = resolve_wrappers(names)
-        unwrap_fn = subject(req.get("unwrap"))
-        release_fn = subject(req.get("release"))
-    except Exception as e:
-        raise Failure("import", "", f"{type(e).__name__}: {e}")
+    wrappers, unwrap_fn, release_fn = resolve_case(req, wraps)
     seed = int(req.get("seed", 0))
     model = make(seed)
     first = model
@@ -762,14 +767,7 @@ def observe(req, make, wraps, batch, per_rank, eval_mode):
     result["wrapped_modules"] = modules(wrapped, objects)
     result["wrapped_tree"] = repr(wrapped)
 
-    try:
-        unwrapped = (unwrap_fn(wrapped) if unwrap_fn else PORT["unwrap"](wrapped, kinds))
-    except Exception as e:
-        raise Failure("unwrap", req.get("unwrap") or "the reference port",
-                      f"{type(e).__name__}: {e}")
-    if not isinstance(unwrapped, nn.Module):
-        raise Failure("unwrap", req.get("unwrap") or "the reference port",
-                      f"gave back a {type(unwrapped).__name__}, not a torch.nn.Module")
+    unwrapped = unwrap_case(req, unwrap_fn, wrapped, kinds)
     result["unwrapped"] = state(unwrapped, tensors)
     result["unwrapped_modules"] = modules(unwrapped, objects)
     result["unwrapped_tree"] = repr(unwrapped)
