@@ -3,7 +3,8 @@
 #   tools/test_ranks.sh path/to/wrapcert path/to/rank_kinds_plugin.so GROUP
 # GROUP: builtin   the built-in kinds at world sizes 2 and 4 (a reduced profile)
 #        kinds     the plugin's correct kinds accepted, each faulty kind rejected by its property
-#                  with a shrunk counterexample, at world sizes 2 and 4
+#                  with a shrunk counterexample, at world sizes 2 and 4 (P17: trained across
+#                  the ranks)
 #        ends      a rank killed in a collective, a rank that hangs: the run ends within its
 #                  limit naming the rank, the report written, no process and no file left
 #        torchrun  two ranks started by hand with torchrun's variables
@@ -67,7 +68,8 @@ case $group in
       run 0 certify --plugin "$plugin" --world-size $world --cases 10 --seed 3 --quiet \
         --wrappers ShardRows ShardRowsSum MixedShardRows --dtypes float64,float32
       for fault in OffByOneShard:P1 OffByOneShard:P10 PaddingDropped:P1 GatherToWrongRank:P1 \
-                   AveragingShard:P4 MixedBf16Reduce:P4 StateOnRank1:P1 ReleaseAddsOnRank1:P14; do
+                   AveragingShard:P4 MixedBf16Reduce:P4 StateOnRank1:P1 ReleaseAddsOnRank1:P14 \
+                   GatheredOnce:P17; do
         kind=${fault%%:*} property=${fault##*:}
         run 1 certify --plugin "$plugin" --world-size $world --cases 20 --seed 3 --quiet \
           --wrappers "$kind" --properties "$property" --dtypes float32 --json "$dir/$kind.json"
@@ -77,7 +79,12 @@ case $group in
         fail "declared state on one rank alone is not named"
       grep -q "the ranks' released state dicts differ: rank [01] saves '" \
         "$dir/ReleaseAddsOnRank1.json" || fail "a released state dict of one rank alone is not named"
+      # Values gathered once at wrap time are right for one call: only training exposes them.
+      grep -q "step 2 of 6, .*differs from .*one process's" "$dir/GatheredOnce.json" ||
+        fail "stale gathered values are not caught after the first optimizer step"
     done
+    run 0 certify --plugin "$plugin" --world-size 2 --cases 20 --seed 3 --quiet \
+      --wrappers GatheredOnce --properties P1 P4 P13 P14 --dtypes float32
     no_leftovers
     ;;
   ends)

@@ -1,3 +1,4 @@
+#include <wrapcert/certify/detail/training.h>
 #include <wrapcert/certify/properties.h>
 #include <wrapcert/detail/blame.h>
 #include <wrapcert/detail/path.h>
@@ -12,8 +13,6 @@
 #include <wrapcert/wrap.h>
 
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include <rapidcheck.h>
@@ -31,6 +30,11 @@
 
 namespace wrapcert::props {
 namespace {
+
+using detail::finite;
+using detail::mode_difference;
+using detail::Trainer;
+using detail::unique_parameters;
 
 Verdict pass(const char* property) {
   return Verdict{property, true, false, {}, {}};
@@ -73,19 +77,6 @@ std::string key_difference(const std::vector<std::string>& got,
 
 void reset_calls(const gen::Built& built) {
   for (const auto& w : built.wrappers) w->reset_calls();
-}
-
-/// The first module under `root` (wrappers included, `root` itself as "") whose training flag
-/// is not `training`, with why: what `model.eval()` and `model.train()` promise of every module.
-std::optional<std::pair<std::string, std::string>> mode_difference(const ModulePtr& root,
-                                                                   bool training) {
-  for (const auto& item : root->named_modules()) {
-    if (item.value()->is_training() == training) continue;
-    return std::make_pair(item.key(), std::string(training ? "in eval mode" : "in training mode") +
-                                          ", the model " +
-                                          (training ? "in training mode" : "in eval mode"));
-  }
-  return std::nullopt;
 }
 
 /// The first tensor of `state` (the model's, by key) frozen otherwise than the same key of
@@ -977,63 +968,6 @@ Verdict release(Case& c) {
 
 namespace {
 
-/// Each parameter once, in order: what `torch.optim.SGD(model.parameters())` is given (PyTorch's
-/// `parameters()` leaves out repeats; LibTorch's lists a shared module's under every path, and
-/// a tensor given twice would be stepped twice).
-std::vector<torch::Tensor> unique_parameters(const ModulePtr& root) {
-  std::vector<torch::Tensor> out;
-  std::set<const void*> seen;
-  for (const auto& p : root->parameters(/*recurse=*/true)) {
-    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
-  }
-  return out;
-}
-
-/// An optimizer over a model's parameters, stepping a float64 master copy of each parameter of
-/// another dtype and rounding it back into the parameter (as mixed-precision training keeps
-/// float32 masters). The update then does not depend on how parameters are laid out: LibTorch's
-/// CPU kernels compute an update such as `add_(x, alpha)` with a fused multiply-add in their
-/// vectorised body and without one (bfloat16: rounding twice) in their tail, so one flat tensor
-/// stepped whole and its pieces stepped one by one differ in the last bit; a float64 update
-/// rounded to float32 or below hides that bit. LibTorch 1.13 also has no float16 CPU kernel for
-/// Adam's `addcmul`. Float64 parameters are stepped as they are (see `layout_tolerance`).
-class Trainer {
- public:
-  Trainer(gen::Optimizer kind, std::vector<torch::Tensor> params) : params_(std::move(params)) {
-    std::vector<torch::Tensor> stepped;
-    for (const auto& p : params_) {
-      const bool master = p.scalar_type() != torch::kDouble;
-      masters_.push_back(master ? p.detach().to(torch::kDouble).requires_grad_(p.requires_grad())
-                                : torch::Tensor());
-      stepped.push_back(master ? masters_.back() : p);
-    }
-    if (kind == gen::Optimizer::kAdam) {
-      optimizer_ = std::make_unique<torch::optim::Adam>(
-          stepped, torch::optim::AdamOptions(kTrainingLearningRate));
-    } else {
-      optimizer_ = std::make_unique<torch::optim::SGD>(
-          stepped, torch::optim::SGDOptions(kTrainingLearningRate).momentum(kTrainingMomentum));
-    }
-  }
-  void step() {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!masters_[i].defined()) continue;
-      const auto& g = params_[i].grad();
-      masters_[i].mutable_grad() = g.defined() ? g.to(torch::kDouble) : torch::Tensor();
-    }
-    optimizer_->step();
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (masters_[i].defined()) params_[i].copy_(masters_[i]);
-    }
-  }
-
- private:
-  std::vector<torch::Tensor> params_;
-  std::vector<torch::Tensor> masters_;  ///< float64 copies of the others
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-};
-
 /// A folder of this process's own, made new (mkdtemp) and removed with what it holds: the
 /// training loop's checkpoints are written there, never over anything that was there before. In
 /// memory (/dev/shm) where there is one: a checkpoint is written through a synced file, and
@@ -1064,10 +998,6 @@ class PrivateFolder {
  private:
   std::string path_;
 };
-
-bool finite(const torch::Tensor& t) {
-  return !t.defined() || t.isfinite().all().item<bool>();
-}
 
 }  // namespace
 

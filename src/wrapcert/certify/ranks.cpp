@@ -1,4 +1,6 @@
 #include <wrapcert/certify/detail/quiet_check.h>
+#include <wrapcert/certify/detail/training.h>
+#include <wrapcert/certify/property_table.h>
 #include <wrapcert/certify/ranks.h>
 #include <wrapcert/detail/blame.h>
 #include <wrapcert/error.h>
@@ -35,6 +37,7 @@ const char* const kValues = "P13 values across ranks";
 const char* const kBackward = "P4 backward across ranks";
 const char* const kRelease = "P14 release across ranks";
 const char* const kRoundTrip = "P10 round trip across ranks";
+const char* const kTraining = "P17 training across ranks";
 
 Verdict fail(const std::string& property, std::string reason, std::string key = {}) {
   return Verdict{property, false, false, std::move(reason), std::move(key)};
@@ -823,6 +826,242 @@ Verdict round_trip_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   return agree(c.group, local);
 }
 
+/// The training loop across ranks: every rank trains its wrapped model on its slice of each
+/// batch with its own optimizer over what it holds (its shards), and one process trains the plain
+/// model on the whole batch with the kind's reduction (a mean over ranks: the loss divided by
+/// the world size). Every rank computes that reference itself (the same on each), so each judges
+/// its own output rows, gradients, shards, modes and frozen parameters after every step, and the
+/// ranks agree after every step (none left waiting in a collective). Then rank 0's full state
+/// dict, the checkpoint a trainer writes, holds the trained values.
+Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
+  const std::string property = kTraining;
+  const auto& across = c.ref.ranks();
+  const int world = c.group.size();
+  const int rank = c.group.rank();
+  const auto dtype = gen::scalar_type(spec.dtype);
+  if (across.compute_dtype) {
+    return Verdict{property,
+                   true,
+                   true,
+                   "mixed precision computes in another dtype than one process would: held to "
+                   "P4's exact reduction across ranks",
+                   {}};
+  }
+  if (dtype != torch::kDouble && dtype != torch::kFloat) {
+    return Verdict{property,
+                   true,
+                   true,
+                   std::string("in ") + gen::to_string(spec.dtype) +
+                       " the ranks' slices and one process's whole batch round at other places",
+                   {}};
+  }
+  const bool mean = across.reduction == GradientReduction::kMean;
+  std::optional<gen::Built> wrapped, plain;
+  std::unique_ptr<detail::Trainer> wrapped_optimizer, plain_optimizer;
+  auto agreed = agree(c.group, guarded(property, [&] {
+                        wrapped = gen::build(spec);
+                        plain = gen::build(spec, {std::nullopt, 0, /*wrap=*/false});
+                        if (wrapped->changes_output) {
+                          return Verdict{property, true, true, "the kind changes outputs", {}};
+                        }
+                        // SGD: its step is linear in the gradient, so a gradient the reduction
+                        // rounds otherwise moves a value by the learning rate times that
+                        // rounding. Adam divides by a gradient's running magnitude: a gradient
+                        // of 0 on one process and 1e-17 on a rank would move by the learning
+                        // rate.
+                        detail::note_blame("the wrapped model's parameters, given to SGD");
+                        wrapped_optimizer = std::make_unique<detail::Trainer>(
+                            gen::Optimizer::kSgdMomentum, detail::unique_parameters(wrapped->root));
+                        (void)detail::take_blame();
+                        plain_optimizer = std::make_unique<detail::Trainer>(
+                            gen::Optimizer::kSgdMomentum, detail::unique_parameters(plain->root));
+                        return Verdict{property, true, false, {}, {}};
+                      }));
+  if (!agreed.passed || agreed.skipped) return agreed;
+
+  const double eps = gen::epsilon(spec.dtype);
+  const auto steps = props::training_steps(c.batch);
+  bool training = !spec.eval;
+  int optimizer_steps = 0;
+  std::string at;
+  // Within a tolerance that grows with the steps: a rank's slice and the whole batch sum over
+  // examples in another order (P4's bound), and every step carries that rounding forward.
+  auto tolerance = [&](int batch) {
+    return 64.0 * eps * batch * world * (1 + 4 * optimizer_steps);
+  };
+  const auto translator_of = [&] { return KeyTranslator::from_tree(wrapped->root); };
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    if (s.what == props::TrainingStep::What::kSwitchMode) training = !training;
+    at = "step " + std::to_string(i + 1) + " of " + std::to_string(steps.size()) + ", " +
+         (s.what == props::TrainingStep::What::kTrain
+              ? std::string("forward, backward and each rank's SGD step")
+          : s.what == props::TrainingStep::What::kNoGrad
+              ? std::string("a call under torch.no_grad()")
+              : std::string(training ? "train()" : "eval()") +
+                    " through the wrappers, then a call") +
+         " in " + (training ? "training" : "eval") + " mode on " + std::to_string(s.batch) +
+         (s.batch == 1 ? " example" : " examples") + " per rank";
+    const auto global = gen::sample_input(spec, dtype, props::kTrainingInputSeed + c.draw * 8 + i,
+                                          static_cast<int64_t>(s.batch) * world);
+    const auto slice = global.narrow(0, static_cast<int64_t>(s.batch) * rank, s.batch);
+    auto local = guarded(property, [&]() -> Verdict {
+      torch::Tensor got, want;
+      try {
+        if (s.what == props::TrainingStep::What::kSwitchMode) {
+          wrapped->root->train(training);
+          plain->root->train(training);
+        }
+        if (s.what == props::TrainingStep::What::kTrain) {
+          for (auto& p : wrapped->root->parameters(/*recurse=*/true))
+            p.mutable_grad() = torch::Tensor();
+          for (auto& p : plain->root->parameters(/*recurse=*/true))
+            p.mutable_grad() = torch::Tensor();
+          got = call(*wrapped->root, slice);
+          if (got.requires_grad()) got.pow(2).sum().backward();
+          want = call(*plain->root, global);
+          if (want.requires_grad())
+            (mean ? want.pow(2).sum() / world : want.pow(2).sum()).backward();
+        } else {
+          std::optional<torch::NoGradGuard> no_grad;
+          if (s.what == props::TrainingStep::What::kNoGrad) no_grad.emplace();
+          got = call(*wrapped->root, slice);
+          want = call(*plain->root, global);
+        }
+      } catch (const std::exception& e) {
+        const auto blamed = detail::take_blame();
+        std::string what = e.what();
+        return fail(property, at + ": " + (blamed.empty() ? std::string("the wrapper") : blamed) +
+                                  " threw: " + what.substr(0, what.find('\n')));
+      }
+      if (!detail::finite(want)) {
+        return Verdict{property, true, true, "the model's training diverged (" + at + ")", {}};
+      }
+      const double tol = tolerance(s.batch);
+      double largest = 0;
+      const auto rows = want.detach().narrow(0, static_cast<int64_t>(s.batch) * rank, s.batch);
+      if (got.sizes() != rows.sizes() ||
+          !within(got.detach().to(torch::kDouble), rows.to(torch::kDouble), tol, largest)) {
+        return fail(property, at +
+                                  ": this rank's output differs from its rows of one process's "
+                                  "output on the whole batch (largest difference " +
+                                  std::to_string(largest) + ")");
+      }
+      if (const auto d = detail::mode_difference(wrapped->root, training)) {
+        return fail(property, at + ": a module of the wrapped model is " + d->second,
+                    d->first.empty() ? std::string("<root>") : d->first);
+      }
+      const auto params = plain->root->named_parameters(/*recurse=*/true);
+      const auto translator = translator_of();
+      for (const auto& item : wrapped->root->named_parameters(/*recurse=*/true)) {
+        std::string clean;
+        try {
+          clean = translator.to_clean(item.key());
+        } catch (const Error&) {
+          continue;  // a parameter of the wrapper's own layout (a flat parameter)
+        }
+        const auto* want_p = params.find(clean);
+        if (want_p && item.value().requires_grad() != want_p->requires_grad()) {
+          return fail(property,
+                      at + ": requires_grad is " +
+                          (item.value().requires_grad() ? "True" : "False") + ", the model's " +
+                          (want_p->requires_grad() ? "True" : "False"),
+                      clean);
+        }
+      }
+      for (const auto& h : held_state(wrapped->root)) {
+        const auto* p = params.find(h.clean);
+        if (h.clean.empty() || !plain->original.contains(h.clean)) continue;  // P1's to report
+        const auto n = h.values.numel();
+        if (s.what == props::TrainingStep::What::kTrain && p && p->grad().defined() &&
+            h.parameter) {
+          if (!h.grad.defined()) {
+            return fail(property,
+                        at + ": no gradient reached this rank's " + (h.sharded ? "shard" : "copy") +
+                            " of '" + h.clean + "'",
+                        h.clean);
+          }
+          const auto ref = p->grad().detach().reshape(-1).to(torch::kDouble);
+          if (h.offset + n > ref.numel() ||
+              !within(h.grad.to(torch::kDouble), ref.narrow(0, h.offset, n), tol, largest)) {
+            return fail(property,
+                        at + ": the gradient of this rank's " + (h.sharded ? "shard" : "copy") +
+                            " of '" + h.clean + "' differs from one process's on the whole batch" +
+                            (mean ? " (averaged over the ranks)" : "") + " (largest difference " +
+                            std::to_string(largest) + ")",
+                        h.clean);
+          }
+        }
+      }
+      return Verdict{property, true, false, {}, {}};
+    });
+    local = agree(c.group, local);
+    if (!local.passed || local.skipped) return local;
+    if (s.what != props::TrainingStep::What::kTrain) continue;
+    // Each rank steps what it holds; one process steps the whole model.
+    local = guarded(property, [&]() -> Verdict {
+      try {
+        detail::note_blame("the SGD step over this rank's parameters of the wrapped model");
+        wrapped_optimizer->step();
+        (void)detail::take_blame();
+        plain_optimizer->step();
+      } catch (const std::exception& e) {
+        const auto blamed = detail::take_blame();
+        std::string what = e.what();
+        return fail(property, at + ": " + (blamed.empty() ? std::string("the wrapper") : blamed) +
+                                  " threw: " + what.substr(0, what.find('\n')));
+      }
+      ++optimizer_steps;
+      const double tol = tolerance(s.batch);
+      for (const auto& h : held_state(wrapped->root)) {
+        if (h.clean.empty() || !plain->original.contains(h.clean)) continue;
+        const auto want = plain->original[h.clean].detach().reshape(-1).to(torch::kDouble);
+        const auto n = h.values.numel();
+        double largest = 0;
+        if (h.offset + n > want.numel() ||
+            !within(h.values.to(torch::kDouble), want.narrow(0, h.offset, n), tol, largest)) {
+          return fail(property,
+                      at + ": after the step, this rank's " + (h.sharded ? "shard" : "copy") +
+                          " of '" + h.clean + "' (elements " + std::to_string(h.offset) + " to " +
+                          std::to_string(h.offset + n) +
+                          ") differs from one process's training on the whole batch (largest "
+                          "difference " +
+                          std::to_string(largest) + ")",
+                      h.clean);
+        }
+      }
+      return Verdict{property, true, false, {}, {}};
+    });
+    local = agree(c.group, local);
+    if (!local.passed || local.skipped) return local;
+  }
+  // The checkpoint a trainer writes after training: the full state dict on rank 0 holds the
+  // trained values.
+  at = "after the " + std::to_string(steps.size()) + " steps";
+  auto saved = guarded(property, [&]() -> Verdict {
+    std::string stray;
+    const auto full = full_state(wrapped->root, c.group, stray);
+    const double tol = tolerance(c.batch);
+    for (const auto& item : full) {
+      const auto* want = plain->original.find(item.key());
+      if (!want) continue;  // P1's to report
+      double largest = 0;
+      if (item.value().sizes() != want->sizes() ||
+          !within(item.value().detach().to(torch::kDouble), want->detach().to(torch::kDouble), tol,
+                  largest)) {
+        return fail(property,
+                    at + ": the full state dict gathered on rank 0 holds other values of '" +
+                        item.key() +
+                        "' than the model trained on one process (largest difference " +
+                        std::to_string(largest) + ")",
+                    item.key());
+      }
+    }
+    return Verdict{property, true, false, {}, {}};
+  });
+  return agree(c.group, saved);
+}
+
 Entry run_one(const std::string& kind, const std::string& property, const Options& options,
               ProcessGroup& group, std::optional<gen::Dtype> dtype) {
   Entry entry;
@@ -836,13 +1075,17 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
   gen::GenOptions g;
   g.kinds = {kind};
   g.sharing = false;  // a tensor tied across units is not what sharding wrappers accept
-  // What training varies, as on one process: widths, batch sizes, frozen parameters,
-  // mode-dependent and LibTorch leaves.
+  // What training varies, as on one process: widths, batch sizes (1 to 3 examples a rank),
+  // frozen parameters, mode-dependent and LibTorch leaves, training and eval mode.
+  g.eval_mode = true;
   if (dtype) g.dtypes = {*dtype};
-  const auto trees = rc::gen::map(gen::trees(g), [kind, nests = across.nests](gen::TreeSpec s) {
-    rewrap(s.root, kind, nests, true);
-    return s;
-  });
+  const bool sgd = property == kTraining;  // see `training_across_ranks`
+  const auto trees =
+      rc::gen::map(gen::trees(g), [kind, nests = across.nests, sgd](gen::TreeSpec s) {
+        rewrap(s.root, kind, nests, true);
+        if (sgd) s.optimizer = gen::Optimizer::kSgdMomentum;
+        return s;
+      });
   auto shrunk = std::make_shared<gen::TreeSpec>();
   auto verdict = std::make_shared<Verdict>();
   int runs = 0, exercised = 0, n = 0;
@@ -852,7 +1095,7 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
       kind + "." + property, options.seed, options.cases, options.max_size, [&] {
         if (!lost.empty()) return;  // let rapidcheck end; the run ends below
         const auto spec = *trees;
-        const int batch = *rc::gen::inRange(1, 3);
+        const int batch = *rc::gen::inRange(1, 4);
         Case c{kind, ref, group, batch, options.seed + static_cast<uint64_t>(++n)};
         group.mark(kind + " " + property + " case " + std::to_string(n));
         Verdict v;
@@ -866,6 +1109,8 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
             v = backward_across_ranks(spec, c);
           else if (property == kRoundTrip)
             v = round_trip_across_ranks(spec, c);
+          else if (property == kTraining)
+            v = training_across_ranks(spec, c);
           else
             v = release_across_ranks(spec, c);
         } catch (const std::exception& e) {
@@ -881,7 +1126,7 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
             ++exercised;
             auto as_run = spec;  // each rank ran `batch` examples
             as_run.batch = batch;
-            add_drawn(drawn, as_run, /*trains=*/false, group.size());
+            add_drawn(drawn, as_run, /*trains=*/property == kTraining, group.size());
           }
         } catch (const std::exception&) {
           (void)detail::take_blame();
@@ -920,7 +1165,8 @@ Entry run_one(const std::string& kind, const std::string& property, const Option
 }  // namespace
 
 const std::vector<std::string>& rank_properties() {
-  static const std::vector<std::string> names{kKeys, kValues, kRoundTrip, kBackward, kRelease};
+  static const std::vector<std::string> names{kKeys,     kValues,  kRoundTrip,
+                                              kBackward, kRelease, kTraining};
   return names;
 }
 
@@ -955,6 +1201,35 @@ Report run_ranks(const Options& options, const std::shared_ptr<ProcessGroup>& gr
       if (!wanted(property)) continue;
       std::vector<std::optional<gen::Dtype>> rows{std::nullopt};
       if (property == kBackward) rows.assign(dtypes.begin(), dtypes.end());
+      if (property == kTraining) {
+        // Compared with one process on the whole batch: in float64 and float32 the two differ
+        // only in the order of sums; below, they round at other places.
+        rows.clear();
+        for (const auto d : dtypes) {
+          if (d == gen::Dtype::kFloat64 || d == gen::Dtype::kFloat32) rows.emplace_back(d);
+        }
+        std::string why;
+        if (Registry::global().resolve(kind).ranks().compute_dtype) {
+          why =
+              "mixed precision computes in another dtype than one process would: held to P4's "
+              "exact reduction across ranks";
+        } else if (rows.empty()) {
+          why =
+              "trains in float64 and float32 only (the ranks' slices and one process's whole "
+              "batch round at other places below); --dtypes gave neither";
+        }
+        if (!why.empty()) {
+          Entry skipped;
+          skipped.kind = kind;
+          skipped.property = property;
+          skipped.target = "generated trees, world size " + std::to_string(group->size());
+          skipped.status = Status::kSkipped;
+          skipped.reason = why;
+          if (listener) listener(skipped, true);
+          report.entries.push_back(std::move(skipped));
+          continue;
+        }
+      }
       for (const auto& dtype : rows) {
         Entry blank;
         blank.kind = kind;

@@ -1149,7 +1149,9 @@ std::vector<PythonProperty> python_properties(const Options& options) {
                    return training(p, spec, o.data(), tolerance);
                  }});
   out.back().trains = true;
-  if (options.world_size > 1) out.back().skip = props::property_info("P17").not_across_ranks;
+  if (options.world_size > 1) {
+    out.back().skip = props::property_info("P17").not_in_python_across_ranks;
+  }
   // Each row is a property of the table, under its name, or one of certify-python's own (the
   // layout, the agreement with the C++ kinds); what the table does not run here it says why.
   for (auto& p : out) {

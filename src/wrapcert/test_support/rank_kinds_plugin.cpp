@@ -12,6 +12,10 @@
 //   MixedBf16Reduce      bfloat16 compute, reduced in bfloat16
 //   KillsRank1           rank 1 kills itself in its third forward (inside a collective)
 //   HangsRank1           rank 1 never returns from its third forward
+//   SkipsEmptyShard      a rank that holds no row of a parameter skips its gather (computing
+//                        with zeros): the others wait for it in a collective it never enters
+//   GatheredOnce         gathers the whole parameters at wrap time and computes with them
+//                        ever after: right until an optimizer steps the shards
 #include <wrapcert/detail/parameter_table.h>
 #include <wrapcert/plugin.h>
 #include <wrapcert/process_group.h>
@@ -46,7 +50,9 @@ enum class Fault {
   kKill,
   kHang,
   kRankOneState,
-  kReleaseAddsOnRank1
+  kReleaseAddsOnRank1,
+  kGatheredOnce,
+  kSkipsEmptyShard
 };
 
 constexpr const char* kSlot = "_sharded_module";
@@ -78,6 +84,10 @@ const char* name_of() {
       return "StateOnRank1";
     case Fault::kReleaseAddsOnRank1:
       return "ReleaseAddsOnRank1";
+    case Fault::kGatheredOnce:
+      return "GatheredOnce";
+    case Fault::kSkipsEmptyShard:
+      return "SkipsEmptyShard";
   }
   return "";
 }
@@ -189,6 +199,8 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
       } back{*this};
       return wrapcert::call(*inner(), input);
     }
+    if (F == Fault::kGatheredOnce) return gathered_once(input);
+    if (F == Fault::kSkipsEmptyShard) return skipping_empty(input);
     if (!mixed_compute(F)) {
       const auto unsharded = shards_.unshard();
       return wrapcert::call(*inner(), input);
@@ -210,6 +222,55 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
   };
 
   static constexpr bool hand_made() { return F == Fault::kOffByOne || F == Fault::kDropsPadding; }
+
+  /// The usual gather, except on a rank that holds none of a parameter's rows.
+  torch::Tensor skipping_empty(const torch::Tensor& input) {
+    struct Back {
+      FaultShardImpl& self;
+      ~Back() {
+        for (const auto& p : self.shards_.pieces())
+          wrapcert::detail::insert_parameter(*p.owner, p.name, p.local);
+      }
+    } back{*this};
+    for (const auto& p : shards_.pieces()) {
+      const bool empty = p.shard.begin() >= p.shard.end();
+      wrapcert::detail::insert_parameter(
+          *p.owner, p.name,
+          empty ? torch::zeros_like(p.original) : wrapcert::gather_rows(p.local, p.shard, group_));
+    }
+    return wrapcert::call(*inner(), input);
+  }
+
+  /// The whole parameters as they were at the first forward, kept: each forward puts them where
+  /// the shards are registered and routes their gradient to the shards (the reduction right), so
+  /// one forward and backward are right, and every one after a step computes with stale values.
+  torch::Tensor gathered_once(const torch::Tensor& input) {
+    if (stale_.empty()) {
+      const auto unsharded = shards_.unshard();
+      for (const auto& p : shards_.pieces()) {
+        stale_.push_back(p.owner->named_parameters(/*recurse=*/false)[p.name].detach().clone());
+      }
+    }
+    std::vector<torch::Tensor> current;
+    for (size_t i = 0; i < shards_.pieces().size(); ++i) {
+      const auto& p = shards_.pieces()[i];
+      // The stale values, with the gradient of a fresh gather (which reduces it to the shard).
+      const auto fresh = wrapcert::gather_rows(p.local, p.shard, group_);
+      current.push_back(fresh - fresh.detach() + stale_[i]);
+    }
+    struct Back {
+      FaultShardImpl& self;
+      ~Back() {
+        for (const auto& p : self.shards_.pieces())
+          wrapcert::detail::insert_parameter(*p.owner, p.name, p.local);
+      }
+    } back{*this};
+    for (size_t i = 0; i < shards_.pieces().size(); ++i) {
+      const auto& p = shards_.pieces()[i];
+      wrapcert::detail::insert_parameter(*p.owner, p.name, current[i]);
+    }
+    return wrapcert::call(*inner(), input);
+  }
 
   void take_by_hand(const std::function<bool(const torch::nn::Module&)>& skip) {
     std::vector<ModulePtr> stack{inner()};
@@ -249,6 +310,7 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
   std::shared_ptr<ProcessGroup> group_;
   wrapcert::ShardedParameters shards_;
   std::vector<Piece> pieces_;
+  std::vector<torch::Tensor> stale_;  ///< GatheredOnce's whole parameters, as first gathered
 };
 
 template <Fault F>
@@ -281,4 +343,6 @@ WRAPCERT_PLUGIN(registry) {
   registry.add(kind<Fault::kHang>());
   registry.add(kind<Fault::kRankOneState>());
   registry.add(kind<Fault::kReleaseAddsOnRank1>());
+  registry.add(kind<Fault::kGatheredOnce>());
+  registry.add(kind<Fault::kSkipsEmptyShard>());
 }
