@@ -5,8 +5,9 @@
 #        kinds     the plugin's correct kinds accepted, each faulty kind rejected by its property
 #                  with a shrunk counterexample, at world sizes 2 and 4 (P17: trained across
 #                  the ranks)
-#        ends      a rank killed in a collective, a rank that hangs: the run ends within its
-#                  limit naming the rank, the report written, no process and no file left
+#        ends      a rank killed in a collective, a rank that hangs, a rank that enters a
+#                  collective the others do not: the run ends within its limit naming the rank,
+#                  the report written, no process and no file left
 #        torchrun  two ranks started by hand with torchrun's variables
 #        bad       a port in use, a rank that never joins, world sizes or seeds that differ, a
 #                  store that cannot be reached: clear errors within the limit
@@ -100,6 +101,28 @@ case $group in
     grep -q "rank 1 hung" "$dir/hang.json" || fail "the hung rank is not named"
     grep -q "its last output" "$dir/hang.json" || fail "no last output"
     [ $(($(date +%s) - start)) -lt 40 ] || fail "the run outlived its limit with a hung rank"
+    no_leftovers
+    # A rank that enters a collective the others do not: the others wait in theirs, and fewer
+    # collectives would name one of them. The rank whose collectives differ is named.
+    for world in 3 4; do
+      run 1 certify --plugin "$plugin" --world-size $world --cases 10 --seed 3 --timeout 5 \
+        --wrappers ExtraOnRank1 --properties P4 --dtypes float64 --json "$dir/extra.json"
+      "$python" - "$dir/extra.json" <<'EOF' || fail "the rank with another collective is not named"
+import json, sys
+e = json.load(open(sys.argv[1]))["entries"][0]
+assert e["key"] == "rank 1", e["key"]
+assert "rank 1 entered all_reduce_sum(1 Double)" in e["reason"], e["reason"]
+assert "collectives differ at their collective" in e["reason"], e["reason"]
+EOF
+      no_leftovers
+    done
+    # A rank holding no row of a parameter that skips its gather: Gloo aborts a rank on a message
+    # of another size; the report says where the ranks' collectives parted, and which ranks did
+    # what.
+    run 1 certify --plugin "$plugin" --world-size 4 --cases 10 --seed 3 --timeout 5 \
+      --wrappers SkipsEmptyShard --properties P4 --dtypes float64 --json "$dir/skips.json"
+    grep -q "the ranks' collectives differ at their collective" "$dir/skips.json" ||
+      fail "a skipped collective is not named"
     no_leftovers
     ;;
   torchrun)

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <atomic>
 #include <condition_variable>
@@ -125,6 +126,10 @@ struct ProcessGroup::Impl {
   std::atomic<std::int64_t> collectives{0};
   std::mutex mark_mutex;
   std::string where;  // the last `mark`
+  // Where each collective entered is written, a line each, before it is entered: a file the
+  // launcher made for this rank (`WRAPCERT_COLLECTIVES_FD`), read when the run ends to name the
+  // rank whose collectives differ from the others'. -1: none.
+  int sequence_fd = -1;
   // Publishes "<collectives> <where>" to the store when it changes, every 100 ms: off the
   // collectives' path (a store round trip per collective would double their cost).
   std::thread reporter;
@@ -236,6 +241,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::join(const Rendezvous& rendezvous) {
                     " s: " + first_line(e.what()));
   }
   impl->tcp = true;
+  // The launcher's file for this rank's collectives, if it gave one: a regular file, appended to.
+  if (const char* fd = std::getenv("WRAPCERT_COLLECTIVES_FD"); fd && *fd) {
+    const int n = std::atoi(fd);
+    struct stat st {};
+    if (n > 2 && ::fstat(n, &st) == 0 && S_ISREG(st.st_mode)) impl->sequence_fd = n;
+  }
   // Every rank states the world size it was given and compares it with rank 0's: a rank that
   // disagrees stops naming both values rather than waiting for ranks that will never come.
   const auto world = std::to_string(rendezvous.world_size);
@@ -301,7 +312,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::current() {
 }
 
 std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor) {
-  entered_collective();
+  entered_collective("all_gather", tensor);
   const bool narrow = tensor.scalar_type() == torch::kBFloat16;  // no bfloat16 in Gloo 1.13
   auto input = (narrow ? tensor.to(torch::kFloat) : tensor).contiguous();
   std::vector<std::vector<torch::Tensor>> out(1);
@@ -342,8 +353,8 @@ std::vector<std::string> ProcessGroup::all_gather_text(const std::string& text) 
 }
 
 std::int64_t ProcessGroup::all_reduce_max(std::int64_t value) {
-  entered_collective();
   std::vector<torch::Tensor> tensors{torch::tensor({value}, torch::kLong)};
+  entered_collective("all_reduce_max", tensors[0]);
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
   impl_->group->allreduce(tensors, options)->wait();
@@ -359,8 +370,18 @@ void ProcessGroup::mark(const std::string& what) {
   impl_->where = what;
 }
 
-void ProcessGroup::entered_collective() {
+void ProcessGroup::entered_collective(const char* op, const torch::Tensor& tensor) {
   ++impl_->collectives;
+  if (impl_->sequence_fd < 0) return;
+  // "<op>(<elements> <dtype>)\t<where>\n", one write: a line is never split by a crash.
+  std::string line = std::string(op) + "(" + std::to_string(tensor.numel()) + " " +
+                     c10::toString(tensor.scalar_type()) + ")\t";
+  {
+    const std::lock_guard<std::mutex> lock(impl_->mark_mutex);
+    line += impl_->where;
+  }
+  line += "\n";
+  if (::write(impl_->sequence_fd, line.data(), line.size()) < 0) impl_->sequence_fd = -1;
 }
 
 void ProcessGroup::publish(const std::string& key, const std::string& value) {
@@ -376,7 +397,7 @@ int ProcessGroup::size() const {
 }
 
 void ProcessGroup::all_reduce_sum(torch::Tensor& tensor) {
-  entered_collective();
+  entered_collective("all_reduce_sum", tensor);
   if (tensor.scalar_type() == torch::kBFloat16) {
     // Gloo in LibTorch 1.13 reduces no bfloat16: summed in float32 and rounded once (one rank's
     // gradient comes back bit for bit).

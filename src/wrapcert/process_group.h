@@ -109,7 +109,8 @@ class ProcessGroup {
   ~ProcessGroup();
 
  private:
-  void entered_collective();
+  /// Counts a collective, and writes what it is to the launcher's file where there is one.
+  void entered_collective(const char* op, const torch::Tensor& tensor);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -8,12 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -53,9 +55,60 @@ struct Rank {
   bool running = false;
   int status = 0;
   std::filesystem::path log;
-  std::string progress;  // "<collectives> <where>"
+  std::filesystem::path collectives;  // a line per collective entered: "<op>(<size>)\t<where>"
+  std::string progress;               // "<collectives> <where>"
   Clock::time_point changed;
 };
+
+/// Where the ranks' collectives first differ: the same position in each rank's sequence holding
+/// different collectives (a rank that skipped one, or called one the others did not). A rank that
+/// stopped early (hung or ended) is not a difference: it is the rank the others wait for.
+struct Divergence {
+  size_t index = 0;  // 0-based position in the sequences
+  std::vector<std::pair<std::string, std::vector<int>>>
+      groups;                      // collective, its ranks; largest first
+  std::vector<std::string> where;  // each rank's mark at that collective
+};
+
+std::optional<Divergence> diverged(const std::vector<Rank>& ranks) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> seqs;
+  for (const auto& rank : ranks) {
+    std::ifstream in(rank.collectives);
+    auto& seq = seqs.emplace_back();
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line being written when the rank ended: not a whole one
+      const auto tab = line.find('\t');
+      seq.emplace_back(line.substr(0, tab),
+                       tab == std::string::npos ? std::string() : line.substr(tab + 1));
+    }
+  }
+  size_t longest = 0;
+  for (const auto& seq : seqs) longest = std::max(longest, seq.size());
+  for (size_t i = 0; i < longest; ++i) {
+    std::map<std::string, std::vector<int>> by;
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      if (i < seqs[r].size()) by[seqs[r][i].first].push_back(static_cast<int>(r));
+    }
+    if (by.size() < 2) continue;
+    Divergence d;
+    d.index = i;
+    for (auto& [op, who] : by) d.groups.emplace_back(op, who);
+    std::stable_sort(d.groups.begin(), d.groups.end(), [](const auto& a, const auto& b) {
+      return a.second.size() > b.second.size();
+    });
+    for (const auto& seq : seqs) d.where.push_back(i < seq.size() ? seq[i].second : std::string());
+    return d;
+  }
+  return std::nullopt;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  return out;
+}
 
 int64_t collectives_of(const std::string& progress) {
   return progress.empty() ? -1 : std::atoll(progress.c_str());
@@ -113,12 +166,21 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
   for (int r = 0; r < world.size; ++r) {
     auto& rank = ranks[static_cast<size_t>(r)];
     rank.log = dir / ("rank-" + std::to_string(r) + ".log");
+    rank.collectives = dir / ("rank-" + std::to_string(r) + ".collectives");
     const int fd = ::open(rank.log.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) throw Error(ErrorCode::kInvalidArgument, "", "cannot open " + rank.log.string());
+    const int seq_fd =
+        ::open(rank.collectives.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (seq_fd < 0) {
+      ::close(fd);
+      throw Error(ErrorCode::kInvalidArgument, "", "cannot open " + rank.collectives.string());
+    }
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
+      ::fcntl(seq_fd, F_SETFD, 0);  // this rank's own file, kept open across exec
+      ::setenv("WRAPCERT_COLLECTIVES_FD", std::to_string(seq_fd).c_str(), 1);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(world.size).c_str(), 1);
@@ -130,6 +192,7 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
       ::_exit(127);
     }
     ::close(fd);
+    ::close(seq_fd);
     rank.pid = pid;
     rank.running = pid > 0;
     rank.changed = Clock::now();
@@ -152,6 +215,7 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
   std::optional<int> done;
   auto last_progress = Clock::now();
   std::string failure;
+  std::string stalled;  // how a hang showed, without naming a rank
   int culprit = -1;
   std::vector<int> abnormal;  // ranks that ended before the end, in the order seen
   while (true) {
@@ -215,8 +279,8 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
         }
       }
       const auto& hung = ranks[static_cast<size_t>(culprit)];
-      failure = "rank " + std::to_string(culprit) + " hung: no rank made progress for " +
-                std::to_string(world.timeout_seconds) + " s" +
+      stalled = "no rank made progress for " + std::to_string(world.timeout_seconds) + " s";
+      failure = "rank " + std::to_string(culprit) + " hung: " + stalled +
                 (where_of(hung.progress).empty()
                      ? std::string()
                      : " (it was at " + where_of(hung.progress) + ", the others waiting for it)");
@@ -250,6 +314,35 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
     culprit = 0;
     failure = "rank 0 ended without reporting the end of the run";
   }
+  // Ranks that entered different collectives at the same point: whatever ended the run (a rank
+  // aborted by Gloo on a message of another size, a hang, or nothing), the cause is the rank whose
+  // collectives differ from the others'. A clean run's ranks enter the same ones.
+  std::string divergence_key;
+  if (const auto d = diverged(ranks)) {
+    const auto& [majority_op, majority] = d->groups.front();
+    const bool unique = d->groups.size() > 1 && d->groups[1].second.size() < majority.size();
+    std::string text;
+    for (size_t g = unique ? 1 : 0; g < d->groups.size(); ++g) {
+      const auto& [op, who] = d->groups[g];
+      text += (text.empty() ? "" : "; ") + rank_list(who) + " entered " + op +
+              (d->where[static_cast<size_t>(who.front())].empty()
+                   ? std::string()
+                   : " (at " + d->where[static_cast<size_t>(who.front())] + ")");
+    }
+    const std::string cause =
+        "the ranks' collectives differ at their collective " + std::to_string(d->index + 1) + ": " +
+        text +
+        (unique ? std::string(", where ") + rank_list(majority) + " entered " + majority_op
+                : std::string(" (no majority: any of them may be the one that differs)"));
+    std::vector<int> odd;
+    for (size_t g = unique ? 1 : 0; g < d->groups.size(); ++g) {
+      odd.insert(odd.end(), d->groups[g].second.begin(), d->groups[g].second.end());
+    }
+    std::sort(odd.begin(), odd.end());
+    culprit = odd.front();
+    divergence_key = rank_list(odd);
+    failure = failure.empty() ? cause : cause + "; then " + (stalled.empty() ? failure : stalled);
+  }
   if (!failure.empty()) {
     Entry entry;
     entry.kind = options.kinds.size() == 1 ? options.kinds[0] : "ranks";
@@ -264,7 +357,7 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
       entry.reason += "rank " + std::to_string(r) + " " + how_it_ended(other.status) +
                       "; its last output:\n" + tail(other.log, 3);
     }
-    entry.key = "rank " + std::to_string(culprit);
+    entry.key = divergence_key.empty() ? "rank " + std::to_string(culprit) : divergence_key;
     // The launcher's own command line runs it again (a rank's is the same, with torchrun's
     // variables).
     entry.replay = world.replay;

@@ -14,6 +14,7 @@
 //   HangsRank1           rank 1 never returns from its third forward
 //   SkipsEmptyShard      a rank that holds no row of a parameter skips its gather (computing
 //                        with zeros): the others wait for it in a collective it never enters
+//   ExtraOnRank1         rank 1 enters an all-reduce of its own in its third forward
 //   GatheredOnce         gathers the whole parameters at wrap time and computes with them
 //                        ever after: right until an optimizer steps the shards
 #include <wrapcert/detail/parameter_table.h>
@@ -52,7 +53,8 @@ enum class Fault {
   kRankOneState,
   kReleaseAddsOnRank1,
   kGatheredOnce,
-  kSkipsEmptyShard
+  kSkipsEmptyShard,
+  kExtraOnRank1
 };
 
 constexpr const char* kSlot = "_sharded_module";
@@ -88,6 +90,8 @@ const char* name_of() {
       return "GatheredOnce";
     case Fault::kSkipsEmptyShard:
       return "SkipsEmptyShard";
+    case Fault::kExtraOnRank1:
+      return "ExtraOnRank1";
   }
   return "";
 }
@@ -187,6 +191,10 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
       if (F == Fault::kKill) ::kill(::getpid(), SIGKILL);
       if (F == Fault::kHang) {
         while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      if (F == Fault::kExtraOnRank1) {
+        auto flag = torch::ones({1}, torch::kDouble);
+        group_->all_reduce_sum(flag);
       }
     }
     if (hand_made()) {
@@ -345,4 +353,5 @@ WRAPCERT_PLUGIN(registry) {
   registry.add(kind<Fault::kReleaseAddsOnRank1>());
   registry.add(kind<Fault::kGatheredOnce>());
   registry.add(kind<Fault::kSkipsEmptyShard>());
+  registry.add(kind<Fault::kExtraOnRank1>());
 }
