@@ -460,8 +460,8 @@ int run_as_rank(const std::string& kind) {
 
 void BM_CertifyAcrossRanks(benchmark::State& state) {
   // `wrapcert certify --world-size N --wrappers KIND` with default options (100 cases per
-  // property, P4 in four dtypes): wall time, ranks started and watched by the launcher. P4's
-  // cases per second per dtype, from rank 0's entries.
+  // property, P4 in four dtypes, P17 in float64 and float32): wall time, ranks started and
+  // watched by the launcher. P4's and P17's cases per second per dtype, from rank 0's entries.
   const std::string kind = kRankKinds[state.range(0)];
   const int world = static_cast<int>(state.range(1));
   state.SetLabel(kind);
@@ -486,6 +486,9 @@ void BM_CertifyAcrossRanks(benchmark::State& state) {
   for (const auto& e : report.entries) {
     if (e.property.rfind("P4 ", 0) == 0 && e.seconds > 0) {
       state.counters["p4_" + e.dtype + "_cases_per_s"] = e.cases / e.seconds;
+    }
+    if (e.property.rfind("P17 ", 0) == 0 && e.seconds > 0) {
+      state.counters["p17_" + e.dtype + "_cases_per_s"] = e.cases / e.seconds;
     }
   }
 }

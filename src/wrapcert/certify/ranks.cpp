@@ -884,6 +884,11 @@ Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
   bool training = !spec.eval;
   int optimizer_steps = 0;
   std::string at;
+  // The ranks agree once, at the end (each agreement is a round trip between them): a rank that
+  // failed keeps its first failure and goes on entering the same collectives as the others
+  // (forward, backward and the final gather), stepping nothing more.
+  Verdict first{property, true, false, {}, {}};
+  std::optional<Verdict> stop;  // the model's own training diverged: the same step on every rank
   // Within a tolerance that grows with the steps: a rank's slice and the whole batch sum over
   // examples in another order (P4's bound), and every step carries that rounding forward.
   auto tolerance = [&](int batch) {
@@ -905,28 +910,47 @@ Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     const auto global = gen::sample_input(spec, dtype, props::kTrainingInputSeed + c.draw * 8 + i,
                                           static_cast<int64_t>(s.batch) * world);
     const auto slice = global.narrow(0, static_cast<int64_t>(s.batch) * rank, s.batch);
+    // One process on the whole batch first: the same on every rank whatever its wrapper did, so
+    // that every rank stops at the same step where the model's own training diverges.
+    torch::Tensor want;
+    try {
+      if (s.what == props::TrainingStep::What::kSwitchMode) plain->root->train(training);
+      if (s.what == props::TrainingStep::What::kTrain) {
+        for (auto& p : plain->root->parameters(/*recurse=*/true))
+          p.mutable_grad() = torch::Tensor();
+        want = call(*plain->root, global);
+        if (want.requires_grad()) (mean ? want.pow(2).sum() / world : want.pow(2).sum()).backward();
+      } else {
+        std::optional<torch::NoGradGuard> no_grad;
+        if (s.what == props::TrainingStep::What::kNoGrad) no_grad.emplace();
+        want = call(*plain->root, global);
+      }
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      stop = Verdict{property,
+                     true,
+                     true,
+                     at + ": the model itself threw: " + what.substr(0, what.find('\n')),
+                     {}};
+      break;
+    }
+    if (!detail::finite(want)) {
+      stop = Verdict{property, true, true, "the model's training diverged (" + at + ")", {}};
+      break;
+    }
     auto local = guarded(property, [&]() -> Verdict {
-      torch::Tensor got, want;
+      torch::Tensor got;
       try {
-        if (s.what == props::TrainingStep::What::kSwitchMode) {
-          wrapped->root->train(training);
-          plain->root->train(training);
-        }
+        if (s.what == props::TrainingStep::What::kSwitchMode) wrapped->root->train(training);
         if (s.what == props::TrainingStep::What::kTrain) {
           for (auto& p : wrapped->root->parameters(/*recurse=*/true))
             p.mutable_grad() = torch::Tensor();
-          for (auto& p : plain->root->parameters(/*recurse=*/true))
-            p.mutable_grad() = torch::Tensor();
           got = call(*wrapped->root, slice);
           if (got.requires_grad()) got.pow(2).sum().backward();
-          want = call(*plain->root, global);
-          if (want.requires_grad())
-            (mean ? want.pow(2).sum() / world : want.pow(2).sum()).backward();
         } else {
           std::optional<torch::NoGradGuard> no_grad;
           if (s.what == props::TrainingStep::What::kNoGrad) no_grad.emplace();
           got = call(*wrapped->root, slice);
-          want = call(*plain->root, global);
         }
       } catch (const std::exception& e) {
         const auto blamed = detail::take_blame();
@@ -934,9 +958,7 @@ Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
         return fail(property, at + ": " + (blamed.empty() ? std::string("the wrapper") : blamed) +
                                   " threw: " + what.substr(0, what.find('\n')));
       }
-      if (!detail::finite(want)) {
-        return Verdict{property, true, true, "the model's training diverged (" + at + ")", {}};
-      }
+      if (!first.passed) return first;  // this rank only keeps up with the others' collectives
       const double tol = tolerance(s.batch);
       double largest = 0;
       const auto rows = want.detach().narrow(0, static_cast<int64_t>(s.batch) * rank, s.batch);
@@ -995,16 +1017,17 @@ Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
       }
       return Verdict{property, true, false, {}, {}};
     });
-    local = agree(c.group, local);
-    if (!local.passed || local.skipped) return local;
+    if (!local.passed && first.passed) first = local;
     if (s.what != props::TrainingStep::What::kTrain) continue;
-    // Each rank steps what it holds; one process steps the whole model.
+    // One process steps the whole model (always: it stays the same on every rank); each rank
+    // steps what it holds, until it failed.
+    plain_optimizer->step();
+    if (!first.passed) continue;
     local = guarded(property, [&]() -> Verdict {
       try {
         detail::note_blame("the SGD step over this rank's parameters of the wrapped model");
         wrapped_optimizer->step();
         (void)detail::take_blame();
-        plain_optimizer->step();
       } catch (const std::exception& e) {
         const auto blamed = detail::take_blame();
         std::string what = e.what();
@@ -1032,9 +1055,9 @@ Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
       }
       return Verdict{property, true, false, {}, {}};
     });
-    local = agree(c.group, local);
-    if (!local.passed || local.skipped) return local;
+    if (!local.passed && first.passed) first = local;
   }
+  if (stop) return agree(c.group, first.passed ? *stop : first);
   // The checkpoint a trainer writes after training: the full state dict on rank 0 holds the
   // trained values.
   at = "after the " + std::to_string(steps.size()) + " steps";
@@ -1059,7 +1082,7 @@ Verdict training_across_ranks(const gen::TreeSpec& spec, const Case& c) {
     }
     return Verdict{property, true, false, {}, {}};
   });
-  return agree(c.group, saved);
+  return agree(c.group, first.passed ? saved : first);
 }
 
 Entry run_one(const std::string& kind, const std::string& property, const Options& options,
