@@ -324,6 +324,24 @@ PY
     done
     /usr/bin/python3 "$dir/local.py" > "$dir/alone.txt" 2>&1
     [ $? -eq 1 ] && grep -q "runs at world size 2, not 1" "$dir/alone.txt" || fail "the repro alone"
+    # Trained across ranks (P17): DistributedDataParallel at world size 3 (the two reductions
+    # add in other orders there); a replica that rank 1 refreshes from values taken at wrap time
+    # passes one call and fails the training loop, naming the rank; exact at world size 1.
+    certify 0 --wrapper DistributedDataParallel --world-size 3
+    expect passed "DistributedDataParallel trained at world size 3" P17
+    certify 0 --wrapper wrappers_under_test:StaleReplicaOnRank1
+    certify 1 --wrapper wrappers_under_test:StaleReplicaOnRank1 --world-size 2 --repro "$dir/stale.py"
+    expect failed "a replica stale on rank 1" P17
+    expect passed "a replica stale on rank 1" P1 P2 P4
+    grep -q "rank 1: step [0-9] of 6, .*differs" "$dir/report.json" ||
+      fail "the training loop across ranks does not name rank 1's step"
+    # Its repro, run as the two ranks, fails on rank 1 at the step the report names (rank 0
+    # may fail later: rank 1's gradients reach it through the all-reduce).
+    repro_as_two_ranks "$dir/stale.py" stale
+    step=$(grep -o "rank 1: step [0-9]" "$dir/report.json" | head -n 1 | grep -o "[0-9]$")
+    [ "${codes[1]}" -eq 1 ] &&
+      head -n 1 <(grep "^PROBLEM" "$dir/stale1.txt") | grep -q "PROBLEM (rank 1): step $step of 6 " ||
+      { cat "$dir/stale1.txt"; fail "the training repro does not fail on rank 1 at step $step"; }
     # A comm hook that sums: wrong for DistributedDataParallel's mean, right where declared.
     certify 1 --wrapper wrappers_under_test:SummingGradients --world-size 2
     expect failed "a DistributedDataParallel that sums" P4

@@ -335,6 +335,26 @@ def SummingGradients(module):
     return ddp
 
 
+class StaleReplicaOnRank1(nn.parallel.DistributedDataParallel):
+    """DistributedDataParallel that, on every rank but 0, puts back before each forward the
+    values its parameters had when it was built (a replica refreshed from a copy taken at wrap
+    time rather than from what the optimizer stepped): one call, the keys and the gradients are
+    right, but after the first optimizer step rank 1 computes with stale values (P17 across
+    ranks). At world size 1 it is exact."""
+
+    def __init__(self, module):
+        _group()
+        super().__init__(module)
+        self.initial = [p.detach().clone() for p in self.module.parameters()]
+
+    def forward(self, *args, **kwargs):
+        if _group().get_rank() != 0:
+            for p, v in zip(self.module.parameters(), self.initial):
+                if not torch.equal(p.data, v):
+                    p.data.copy_(v)  # behind autograd's back, as a refresh from a copy would
+        return super().forward(*args, **kwargs)
+
+
 class KillsRank1(Sound):
     """Rank 1 is killed (SIGKILL) while the others wait for it in DistributedDataParallel's
     first broadcast."""

@@ -574,6 +574,26 @@ def forward_backward(model, x, params):
     return out.detach(), [None if p.grad is None else values(p.grad) for p in params]
 
 
+def reduce_grads(params, reduced, ranks):
+    """The gradients of `params` at the indices of `reduced` (each tensor once: a tied one is
+    one index) summed over the ranks (divided by their number for "mean"), in place, each in
+    turn on every rank; then every parameter's gradient as sent (a tie's other keys see the
+    reduced gradient too). Gloo in PyTorch 1.13 reduces no bfloat16: reduced in float32 and
+    rounded once."""
+    import torch.distributed as dist
+    for k in sorted(reduced):
+        g = params[k].grad
+        if g is None:
+            continue
+        wide = g.to(torch.float32) if g.dtype == torch.bfloat16 else g
+        dist.all_reduce(wide)
+        if reduced[k] == "mean":
+            wide.div_(ranks)
+        if wide is not g:
+            g.copy_(wide)
+    return [None if p.grad is None else values(p.grad) for p in params]
+
+
 def train_case(req, builder, seed):
     """P17: the model and a wrapped copy of it trained side by side through `req["steps"]`;
     after each step what both computed, each module's mode, each tensor's requires_grad and
@@ -596,6 +616,24 @@ def train_case(req, builder, seed):
     result["wrapped_tree"] = repr(wrapped)
     probe = [t for _, t in copy_state]
     want_probe = [t for _, t in plain_state]
+    # Across ranks, the model trains as data parallelism trains it: a parameter a reducing
+    # wrapper holds (a DistributedDataParallel, or one declared with --reduction) steps on the
+    # mean (or the sum) over the ranks of the gradients their slices give the model, reduced with
+    # torch.distributed as the wrapper reduces; every other parameter on this rank's own.
+    reduced = {}
+    if ranks > 1:
+        declared = req.get("reductions") or {}
+        index = {id(t): k for k, t in enumerate(probe)}
+        for name, w, slot, _ in made:
+            how = declared.get(name) or (
+                "mean" if isinstance(w, nn.parallel.DistributedDataParallel) else None)
+            # What the wrapper holds, read from its slot (not its own parameters(): what it
+            # reduces is what it holds, however it lists it).
+            for t in w._modules[slot].parameters() if how else ():
+                if id(t) in index:
+                    reduced[index[id(t)]] = how
+    result["world_size"] = ranks
+    result["reduced"] = sorted(reduced)
     optimizer = req.get("optimizer", "sgd")
     rate, momentum = float(req.get("rate", 0.01)), float(req.get("momentum", 0.9))
     wrapped_trainer = None
@@ -614,6 +652,8 @@ def train_case(req, builder, seed):
                 got = forward_backward(wrapped, x, probe)
                 who = "the model"
                 want = forward_backward(plain, x, want_probe)
+                if reduced:
+                    want = (want[0], reduce_grads(want_probe, reduced, ranks))
                 step["output"], step["grads"] = values(got[0]), got[1]
                 step["want_output"], step["want_grads"] = values(want[0]), want[1]
                 who = "the optimizer step over the wrapped model's parameters"
@@ -1150,11 +1190,32 @@ REPRO_TRAINING = """def forward_backward(m, x, params):
 
 
 def same(a, b):
-    return (a is None) == (b is None) and (a is None or (a.shape == b.shape and torch.equal(a, b)))
+    if (a is None) != (b is None):
+        return False
+    if a is None or a.shape != b.shape:
+        return a is None
+    if not BOUND[0]:
+        return torch.equal(a, b)
+    a, b = a.detach().double(), b.detach().double()
+    return bool(((a - b).abs() <= BOUND[0] * (b.abs() + 1)).all())
 
 
 params = list(original.values())
 plain_params = list(plain.state_dict(keep_vars=True).values())
+# Across ranks, a parameter a reducing wrapper holds steps on the mean (or the sum) over the ranks
+# of the gradients their slices give the model, reduced here with torch.distributed; above world
+# size 2 the two reductions may add in other orders: compared within 2(N+1) epsilons, widened by
+# four times that per optimizer step.
+reduce_how = {}
+for name, w, slot in made:
+    r = REDUCTIONS.get(name) or ('mean' if isinstance(
+        w, torch.nn.parallel.DistributedDataParallel) else None)
+    for t in w._modules[slot].parameters() if r and WORLD > 1 else []:
+        reduce_how[id(t)] = r
+reduced = {k: reduce_how[id(p)] for k, p in {id(p): (k, p) for k, p in enumerate(params)}.values()
+           if id(p) in reduce_how}  # a tied tensor once
+EPS = 2 * (WORLD + 1) * torch.finfo(DTYPE).eps if WORLD > 2 and reduced else 0.0
+BOUND = [EPS]
 plain.train(MODE)
 training = MODE
 try:
@@ -1164,8 +1225,8 @@ except Exception as e:
                     f'{type(e).__name__}: {e}')
 theirs = Trainer(OPTIMIZER, plain.parameters(), RATE, MOMENTUM)
 for i, (what, n) in enumerate(STEPS):
-    if problems:
-        break
+    if problems and WORLD == 1:
+        break  # across ranks every rank goes on entering the others' collectives
     at = f'step {i + 1} of {len(STEPS)} ({what}, batch of {n})'
     x = torch.randn(n * WORLD, DIM, generator=torch.Generator().manual_seed(INPUT_SEED + i)).to(
         DTYPE)[n * RANK:n * RANK + n]
@@ -1180,6 +1241,15 @@ for i, (what, n) in enumerate(STEPS):
             problems.append(f'{at}: the wrapped model raised {type(e).__name__}: {e}')
             break
         want, want_grads = forward_backward(plain, x, plain_params)
+        for k in sorted(reduced):
+            g = plain_params[k].grad
+            if g is not None:
+                wide = g.float() if g.dtype == torch.bfloat16 else g
+                dist.all_reduce(wide)
+                if reduced[k] == 'mean':
+                    wide.div_(WORLD)
+                if wide is not g:
+                    g.copy_(wide)
         for key, a, b in zip(original, grads, want_grads):
             if not same(a, b):
                 problems.append(f'{at}: the gradient of {key} differs: {a} against {b}')
@@ -1190,6 +1260,7 @@ for i, (what, n) in enumerate(STEPS):
                             f'{type(e).__name__}: {e}')
             break
         theirs.step()
+        BOUND[0] += 4 * EPS
     else:
         with torch.no_grad() if what == 'no_grad' else torch.enable_grad():
             try:

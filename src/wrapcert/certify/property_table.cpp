@@ -88,9 +88,6 @@ const std::vector<PropertyInfo>& property_table() {
     // In certify-python: the worker runs real Python wrappers around trees built in PyTorch.
     p7.python.clear();
     p7.not_in_python = "the legacy unwrap it compares with is wrapcert's own C++";
-    p17.not_in_python_across_ranks =
-        "the worker's loop trains one process: across ranks the loop is certified for C++ kinds "
-        "(P17 training across ranks), not yet for Python wrappers";
     p12.python.clear();
     p12.not_in_python =
         "shuffles stacks of wrapcert kinds; a Python run's stacks are of the wrappers given, "

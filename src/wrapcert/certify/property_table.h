@@ -41,8 +41,6 @@ struct PropertyInfo {
   /// `not_in_python` says why.
   std::string python;
   std::string not_in_python;
-  /// Why `certify-python --world-size N` (N > 1) skips its row; empty: it runs there too.
-  std::string not_in_python_across_ranks;
 };
 
 /// P1-P17, in order.
