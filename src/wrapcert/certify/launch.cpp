@@ -71,24 +71,29 @@ struct Divergence {
 };
 
 std::optional<Divergence> diverged(const std::vector<Rank>& ranks) {
-  std::vector<std::vector<std::pair<std::string, std::string>>> seqs;
-  for (const auto& rank : ranks) {
-    std::ifstream in(rank.collectives);
-    auto& seq = seqs.emplace_back();
-    for (std::string line; std::getline(in, line);) {
-      if (in.eof()) break;  // a line being written when the rank ended: not a whole one
-      const auto tab = line.find('\t');
-      seq.emplace_back(line.substr(0, tab),
-                       tab == std::string::npos ? std::string() : line.substr(tab + 1));
-    }
-  }
-  size_t longest = 0;
-  for (const auto& seq : seqs) longest = std::max(longest, seq.size());
-  for (size_t i = 0; i < longest; ++i) {
+  // The files side by side, a line of each at a time: memory for one line a rank, however long
+  // the run.
+  std::vector<std::ifstream> files;
+  files.reserve(ranks.size());
+  for (const auto& rank : ranks) files.emplace_back(rank.collectives);
+  std::vector<std::pair<std::string, std::string>> at(ranks.size());  // op, where
+  for (size_t i = 0;; ++i) {
     std::map<std::string, std::vector<int>> by;
-    for (size_t r = 0; r < seqs.size(); ++r) {
-      if (i < seqs[r].size()) by[seqs[r][i].first].push_back(static_cast<int>(r));
+    for (size_t r = 0; r < files.size(); ++r) {
+      std::string line;
+      // A rank that stopped has no line here; nor has one whose last line was being written
+      // when it ended (no newline yet).
+      if (!files[r] || !std::getline(files[r], line) || files[r].eof()) {
+        files[r].setstate(std::ios::failbit);
+        at[r] = {};
+        continue;
+      }
+      const auto tab = line.find('\t');
+      at[r] = {line.substr(0, tab),
+               tab == std::string::npos ? std::string() : line.substr(tab + 1)};
+      by[at[r].first].push_back(static_cast<int>(r));
     }
+    if (by.empty()) return std::nullopt;  // every sequence ended, the same
     if (by.size() < 2) continue;
     Divergence d;
     d.index = i;
@@ -96,10 +101,9 @@ std::optional<Divergence> diverged(const std::vector<Rank>& ranks) {
     std::stable_sort(d.groups.begin(), d.groups.end(), [](const auto& a, const auto& b) {
       return a.second.size() > b.second.size();
     });
-    for (const auto& seq : seqs) d.where.push_back(i < seq.size() ? seq[i].second : std::string());
+    for (const auto& [op, where] : at) d.where.push_back(where);
     return d;
   }
-  return std::nullopt;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
