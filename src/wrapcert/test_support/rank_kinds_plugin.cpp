@@ -231,8 +231,8 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
 
   static constexpr bool hand_made() { return F == Fault::kOffByOne || F == Fault::kDropsPadding; }
 
-  /// The usual gather, except on a rank that holds none of a parameter's rows.
-  torch::Tensor skipping_empty(const torch::Tensor& input) {
+  /// `inner` run with `whole[i]` where piece i's shard is registered, the shards back after.
+  torch::Tensor run_with(const std::vector<torch::Tensor>& whole, const torch::Tensor& input) {
     struct Back {
       FaultShardImpl& self;
       ~Back() {
@@ -240,13 +240,22 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
           wrapcert::detail::insert_parameter(*p.owner, p.name, p.local);
       }
     } back{*this};
-    for (const auto& p : shards_.pieces()) {
-      const bool empty = p.shard.begin() >= p.shard.end();
-      wrapcert::detail::insert_parameter(
-          *p.owner, p.name,
-          empty ? torch::zeros_like(p.original) : wrapcert::gather_rows(p.local, p.shard, group_));
+    for (size_t i = 0; i < shards_.pieces().size(); ++i) {
+      const auto& p = shards_.pieces()[i];
+      wrapcert::detail::insert_parameter(*p.owner, p.name, whole[i]);
     }
     return wrapcert::call(*inner(), input);
+  }
+
+  /// The usual gather, except on a rank that holds none of a parameter's rows.
+  torch::Tensor skipping_empty(const torch::Tensor& input) {
+    std::vector<torch::Tensor> whole;
+    for (const auto& p : shards_.pieces()) {
+      const bool empty = p.shard.begin() >= p.shard.end();
+      whole.push_back(empty ? torch::zeros_like(p.original)
+                            : wrapcert::gather_rows(p.local, p.shard, group_));
+    }
+    return run_with(whole, input);
   }
 
   /// The whole parameters as they were at the first forward, kept: each forward puts them where
@@ -259,25 +268,14 @@ class FaultShardImpl final : public wrapcert::WrapperImpl, public wrapcert::Shar
         stale_.push_back(p.owner->named_parameters(/*recurse=*/false)[p.name].detach().clone());
       }
     }
-    std::vector<torch::Tensor> current;
+    std::vector<torch::Tensor> whole;
     for (size_t i = 0; i < shards_.pieces().size(); ++i) {
       const auto& p = shards_.pieces()[i];
       // The stale values, with the gradient of a fresh gather (which reduces it to the shard).
       const auto fresh = wrapcert::gather_rows(p.local, p.shard, group_);
-      current.push_back(fresh - fresh.detach() + stale_[i]);
+      whole.push_back(fresh - fresh.detach() + stale_[i]);
     }
-    struct Back {
-      FaultShardImpl& self;
-      ~Back() {
-        for (const auto& p : self.shards_.pieces())
-          wrapcert::detail::insert_parameter(*p.owner, p.name, p.local);
-      }
-    } back{*this};
-    for (size_t i = 0; i < shards_.pieces().size(); ++i) {
-      const auto& p = shards_.pieces()[i];
-      wrapcert::detail::insert_parameter(*p.owner, p.name, current[i]);
-    }
-    return wrapcert::call(*inner(), input);
+    return run_with(whole, input);
   }
 
   void take_by_hand(const std::function<bool(const torch::nn::Module&)>& skip) {
