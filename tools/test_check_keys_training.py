@@ -268,7 +268,7 @@ def case_trainer_folder_is_checked_among_its_training_state(d):
         json.dump({"global_step": 500}, f)
     out = run("check-keys", ckpt, "--against", save_clean(d, model), want=0)
     assert ("files beside the weights, not checked: optimizer.pt rng_state.pth scheduler.pt "
-            "training_args.bin") in out, out
+            "trainer_state.json training_args.bin") in out, out
 
 
 def deepspeed_states(state, zero3):

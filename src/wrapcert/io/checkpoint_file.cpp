@@ -94,6 +94,64 @@ Checkpoint merge(std::vector<Checkpoint> parts, const std::string& where) {
   return out;
 }
 
+/// Where the symbolic links of `folder` may lead: for a snapshot of a Hugging Face cache
+/// (`models--org--name/snapshots/REV`, its files linked into `../../blobs`) the cache's folder
+/// for that model, else `folder` itself. Both as real paths.
+fs::path link_root(const fs::path& folder) {
+  std::error_code error;
+  const auto real = fs::canonical(folder, error);
+  if (error) return folder;
+  for (auto p = real; p.has_parent_path() && p != p.parent_path(); p = p.parent_path()) {
+    if (p.filename() == "snapshots" && fs::is_directory(p.parent_path() / "blobs", error)) {
+      return p.parent_path();
+    }
+  }
+  return real;
+}
+
+bool lies_within(const fs::path& path, const fs::path& root) {
+  auto r = root.begin();
+  auto p = path.begin();
+  for (; r != root.end(); ++r, ++p) {
+    if (p == path.end() || *p != *r) return false;
+  }
+  return true;
+}
+
+/// What an entry of a checkpoint folder is, links followed where they stay under `root`.
+enum class EntryKind { kFile, kFolder, kOther };
+
+/// Follows `path` when it is a symbolic link: to a regular file or a folder under `root` (a
+/// Hugging Face snapshot's link into its cache's `blobs`). Throws `Error` (kMalformedInput)
+/// naming the link for a loop, a link to nothing, or one that leads out of `root`.
+EntryKind entry_kind(const fs::path& path, const fs::path& root) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return EntryKind::kOther;
+  if (S_ISREG(st.st_mode)) return EntryKind::kFile;
+  if (S_ISDIR(st.st_mode)) return EntryKind::kFolder;
+  if (!S_ISLNK(st.st_mode)) return EntryKind::kOther;
+  char target[4096];
+  const auto n = ::readlink(path.c_str(), target, sizeof target - 1);
+  const std::string to = n < 0 ? std::string("?") : std::string(target, static_cast<size_t>(n));
+  std::error_code error;
+  const auto real = fs::canonical(path, error);
+  if (error) {
+    throw detail::malformed_file(
+        path.string(), error == std::errc::too_many_symbolic_link_levels
+                           ? "a symbolic link loop (it points to '" + to + "')"
+                           : "a symbolic link to nothing: '" + to + "' (" + error.message() + ")");
+  }
+  if (!lies_within(real, root)) {
+    throw detail::malformed_file(path.string(), "a symbolic link that leads out of " +
+                                                    root.string() + " (to " + real.string() +
+                                                    "); wrapcert follows links only within it");
+  }
+  if (::stat(real.c_str(), &st) != 0) return EntryKind::kOther;
+  return S_ISREG(st.st_mode)   ? EntryKind::kFile
+         : S_ISDIR(st.st_mode) ? EntryKind::kFolder
+                               : EntryKind::kOther;
+}
+
 Checkpoint read_index(const std::string& path, const CheckpointReadOptions& options) {
   std::string text;
   {
@@ -104,6 +162,7 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
   }
   const auto weight_map = detail::parse_shard_index(text, path);
   const auto folder = fs::path(path).parent_path();
+  const auto root = link_root(folder.empty() ? fs::path(".") : folder);
   std::vector<std::string> files;
   std::unordered_map<std::string, std::string> placed;
   for (const auto& [key, file] : weight_map) {
@@ -113,6 +172,10 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
   std::sort(files.begin(), files.end());  // shards in name order, as Hugging Face loads them
   std::vector<Checkpoint> parts;
   for (const auto& file : files) {
+    if (entry_kind(folder / file, root) != EntryKind::kFile) {
+      throw detail::malformed_file(path, "the weight_map names shard " + file +
+                                             ", which is not a file in the index's folder");
+    }
     auto part = read_file((folder / file).string(), options);
     for (const auto& item : part.state) {
       const auto it = placed.find(item.key());
@@ -187,16 +250,31 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   if (const auto step = deepspeed_latest(path); !step.empty()) {
     auto out = read_folder((fs::path(path) / step).string(), options);
     out.notes.insert(out.notes.begin(), "followed DeepSpeed's 'latest' to " + step);
+    for (auto& name : out.not_read) name = step + "/" + name;
+    std::error_code error;
+    std::vector<std::string> beside;  // the root's own files: DeepSpeed's script, other steps
+    for (const auto& entry : fs::directory_iterator(path, error)) {
+      const auto name = entry.path().filename().string();
+      if (name == step || name == "latest") continue;
+      beside.push_back(entry.is_directory(error) ? name + "/" : name);
+    }
+    std::sort(beside.begin(), beside.end());
+    out.not_read.insert(out.not_read.end(), beside.begin(), beside.end());
     return out;
   }
   std::vector<std::string> indexes, shards, training_state, distcp;
+  // Every entry by name ("unet/" for a folder): what is not read is listed as kept, unchecked.
+  std::vector<std::string> entries;
   bool dcp_metadata = false;
   std::error_code error;
+  const auto root = link_root(path);
   for (const auto& entry : fs::directory_iterator(path, error)) {
     const auto name = entry.path().filename().string();
     if (name == ".metadata") dcp_metadata = true;
     if (ends_with(name, ".distcp")) distcp.push_back(name);
-    if (!is_regular(entry.path())) continue;
+    const auto kind = entry_kind(entry.path(), root);
+    entries.push_back(kind == EntryKind::kFolder ? name + "/" : name);
+    if (kind != EntryKind::kFile) continue;
     if (is_index_name(name))
       indexes.push_back(entry.path().string());
     else if (is_training_state(name))
@@ -205,6 +283,7 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
       shards.push_back(entry.path().string());
   }
   if (error) refuse(path, "cannot be listed: " + error.message());
+  std::sort(entries.begin(), entries.end());
   if (dcp_metadata || !distcp.empty()) {
     throw Error(ErrorCode::kUnsupported, "",
                 path + ": a torch.distributed.checkpoint folder (" +
@@ -216,9 +295,15 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   std::sort(indexes.begin(), indexes.end());
   std::sort(shards.begin(), shards.end());
   std::sort(training_state.begin(), training_state.end());
-  std::vector<std::string> notes, not_read = training_state;
+  std::vector<std::string> notes;
   auto finish = [&](Checkpoint out) {
-    out.not_read = not_read;
+    const auto read = out.files();
+    for (const auto& name : entries) {
+      const bool was_read = std::any_of(read.begin(), read.end(), [&](const std::string& f) {
+        return fs::path(f).filename() == name;  // every file read lies in this folder
+      });
+      if (!was_read) out.not_read.push_back(name);
+    }
     out.notes = notes;
     return out;
   };
@@ -231,11 +316,7 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
     if (!any || std::all_of(files.begin(), files.end(), is_st)) return;
     std::vector<std::string> kept;
     for (const auto& f : files) {
-      if (is_st(f)) {
-        kept.push_back(f);
-      } else {
-        not_read.push_back(fs::path(f).filename().string());
-      }
+      if (is_st(f)) kept.push_back(f);
     }
     notes.push_back(std::string("safetensors ") + what +
                     " preferred over the others, as Transformers loads them");
@@ -248,13 +329,7 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
                                            ", " + indexes[1] + ")");
   }
   if (indexes.size() == 1) {
-    auto out = read_index(indexes.front(), options);
-    for (const auto& shard : shards) {  // weights the index does not name
-      const bool named = std::any_of(out.shards.begin(), out.shards.end(),
-                                     [&](const Checkpoint::Shard& s) { return s.file == shard; });
-      if (!named) not_read.push_back(fs::path(shard).filename().string());
-    }
-    return finish(std::move(out));
+    return finish(read_index(indexes.front(), options));
   }
   prefer_safetensors(shards, "weights");
   // DeepSpeed writes one model-states file per rank, each the whole module (ZeRO-1/2) or its
@@ -264,9 +339,6 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
     if (ends_with(shard, "model_states.pt")) model_states.push_back(shard);
   }
   if (!model_states.empty()) {
-    for (const auto& shard : shards) {
-      if (shard != model_states.front()) not_read.push_back(fs::path(shard).filename().string());
-    }
     if (model_states.size() > 1) {
       notes.push_back("DeepSpeed saves model states per rank; " +
                       fs::path(model_states.front()).filename().string() + " is checked");

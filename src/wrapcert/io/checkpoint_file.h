@@ -37,9 +37,10 @@ struct Checkpoint {
   std::vector<std::string> other_entries;  ///< the trainer's entries beside it
   std::string index;                       ///< the index file read, "" when there is none
   std::vector<Shard> shards;               ///< every file read (one for a single file)
-  /// Files of the folder read that hold no weights or were passed over, by name: a trainer's
-  /// state (optimizer.pt, scheduler.pt, rng_state.pth, DeepSpeed's optimizer states), `.bin`
-  /// files beside safetensors, other ranks' DeepSpeed model states.
+  /// Every entry of the folder read that was not read, by name in name order ("unet/" for a
+  /// folder, "global_step10/..." inside DeepSpeed's step): a trainer's state (optimizer.pt,
+  /// random_states_0.pkl), configuration and tokenizer files, `.bin` files beside safetensors,
+  /// other ranks' DeepSpeed model states. Kept as they are; nothing in a folder goes unnamed.
   std::vector<std::string> not_read;
   /// How the weights were chosen in a folder, one line each ("followed DeepSpeed's 'latest' to
   /// global_step10", "safetensors weights preferred over the others, as Transformers loads them").
@@ -55,12 +56,15 @@ struct Checkpoint {
 /// one index (a safetensors index preferred), else its weights — every `*.safetensors` file,
 /// or when there is none every `*.bin`, `*.pt`, `*.pth` file, in name order, passing over the
 /// training state beside them (`Checkpoint::not_read`) and reading the first of DeepSpeed's
-/// per-rank model states. A `torch.distributed.checkpoint` folder or `.distcp` file is refused
-/// by name (kUnsupported), with the way to convert it. Throws `Error` naming the file, and the key
-/// where there is one: kMalformedInput for a damaged file, an index whose `weight_map` misses a key
-/// of a shard or places it elsewhere, a key in two shards, or a shard named outside the index's
-/// folder; kInvalidArgument for a path that is missing or not a regular file or folder (FIFOs,
-/// devices and sockets are refused by type before any read).
+/// per-rank model states. Symbolic links in a folder are followed where they stay within it or,
+/// for a snapshot of a Hugging Face cache (`models--org--name/snapshots/REV`), within that
+/// model's cache folder (its `blobs`); a link leading elsewhere, a loop or a link to nothing is
+/// kMalformedInput naming the link. A `torch.distributed.checkpoint` folder or `.distcp` file is
+/// refused by name (kUnsupported), with the way to convert it. Throws `Error` naming the file, and
+/// the key where there is one: kMalformedInput for a damaged file, an index whose `weight_map`
+/// misses a key of a shard or places it elsewhere, a key in two shards, or a shard named outside
+/// the index's folder; kInvalidArgument for a path that is missing or not a regular file or folder
+/// (FIFOs, devices and sockets are refused by type before any read).
 Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
 /// Keys grouped by the data they share (one storage at the same offset, shape, strides and
