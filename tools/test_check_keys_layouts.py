@@ -8,6 +8,7 @@ here), checked, fixed, and the fixed output loaded with the tool's own loader wh
     /usr/bin/python3 tools/test_check_keys_layouts.py path/to/wrapcert
 
 Exit 0 when every case passes; the last line counts them."""
+import collections
 import json
 import os
 import sys
@@ -127,6 +128,174 @@ def case_accelerate_save_state_lists_every_file_it_keeps(d):
             "random_states_0.pkl scaler.pt scheduler.bin") in out, out
     same(dict(torch.load(os.path.join(folder, "pytorch_model.bin"))), dict(model.state_dict()))
     assert torch.load(os.path.join(folder, "custom_checkpoint_0.pkl")) == {"step": 7}
+
+
+def case_every_state_dict_in_a_file_is_checked_and_fixed(d):
+    """timm's train.py saves the model and its EMA side by side; both carry the DDP prefix."""
+    model, adam = trained()
+    ema = {k: v * 0.5 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    path = os.path.join(d, "last.pth.tar")
+    saved = {"epoch": 3, "arch": "tiny", "state_dict": prefixed(model.state_dict(), "module."),
+             "optimizer": adam.state_dict(), "version": 2,
+             "state_dict_ema": prefixed(ema, "module.")}
+    torch.save(saved, path)
+    clean = save_clean(d, model)
+    out = run("check-keys", path, "--against", clean, want=1)
+    assert "more state dicts in the file, each checked below: state_dict_ema" in out, out
+    assert "other entries, not checked: epoch arch optimizer version" in out, out
+    assert "state dict in entry 'state_dict_ema' (7 keys)" in out, out
+    assert out.count("module.embed.weight -> embed.weight") == 2, out
+    fixed = os.path.join(d, "fixed.pt")
+    run("check-keys", path, "--against", clean, "--fix", fixed, want=1)
+    back = torch.load(fixed)
+    assert list(back) == list(saved), list(back)
+    same(dict(back["state_dict"]), dict(model.state_dict()), "state_dict")
+    same(dict(back["state_dict_ema"]), ema, "state_dict_ema")
+    same(back["optimizer"], saved["optimizer"], "optimizer")
+    run("check-keys", fixed, "--against", clean, want=0)
+    # safetensors holds one state dict: refused by name, nothing written; --entry chooses one.
+    out = run("check-keys", path, "--against", clean, "--fix", os.path.join(d, "x.safetensors"),
+              want=3)
+    assert "2 state dicts (state_dict, state_dict_ema)" in out, out
+    assert not os.path.exists(os.path.join(d, "x.safetensors"))
+    run("check-keys", path, "--against", clean, "--entry", "state_dict_ema", "--fix",
+        os.path.join(d, "ema.safetensors"), want=1)
+    # One state dict fixable, the other broken: nothing written, exit 2.
+    saved["state_dict_ema"] = prefixed(ema, "other.")
+    saved["state_dict_ema"]["extra"] = torch.zeros(1)
+    torch.save(saved, path)
+    out = run("check-keys", path, "--against", clean, "--in-place", want=2)
+    assert "nothing written" in out, out
+
+
+def case_pickled_modules_are_named_with_the_way_out(d):
+    model, _ = trained()
+    whole = os.path.join(d, "model.pt")
+    torch.save(model, whole)
+    out = run("check-keys", whole, want=3)
+    assert "a pickled module of class 'test_check_keys_training.Tiny'" in out and "state_dict()" in out, out
+    nested = os.path.join(d, "detection.pth")
+    torch.save({"model": model, "epoch": 3}, nested)
+    out = run("check-keys", nested, want=3)
+    assert "entry 'model' holds a pickled module" in out, out
+    out = run("check-keys", nested, "--entry", "model", want=3)
+    assert "pickled module" in out, out
+
+
+def case_torchscript_is_named_with_the_way_out(d):
+    model, _ = trained()
+    path = os.path.join(d, "scripted.pt")
+    torch.jit.save(torch.jit.script(model), path)
+    out = run("check-keys", path, want=3)
+    assert "TorchScript" in out and "torch.jit.load(path).state_dict()" in out, out
+
+
+def case_a_sharded_tensor_in_a_local_state_dict_is_named(d):
+    """FSDP's LOCAL_STATE_DICT holds each flat parameter as a ShardedTensor, pickled (PyTorch
+    2.x) as a tensor subclass through torch._tensor._rebuild_from_type_v2; its class stands in
+    here for the one this PyTorch cannot import."""
+    import types
+    for name in ("torch.distributed._shard", "torch.distributed._shard.sharded_tensor",
+                 "torch.distributed._shard.sharded_tensor.api"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    api = sys.modules["torch.distributed._shard.sharded_tensor.api"]
+
+    class ShardedTensor(torch.Tensor):
+        pass
+    ShardedTensor.__module__, ShardedTensor.__qualname__ = api.__name__, "ShardedTensor"
+    api.ShardedTensor = ShardedTensor
+    flat = torch.zeros(8).as_subclass(ShardedTensor)
+    flat.local_shards = [torch.zeros(8)]  # state beside the data, as the real class keeps
+    path = os.path.join(d, "local.pt")
+    torch.save({"_fsdp_wrapped_module.flat_param": flat}, path)
+    out = run("check-keys", path, want=3)
+    assert "_fsdp_wrapped_module.flat_param" in out and "ShardedTensor" in out, out
+    assert "LOCAL_STATE_DICT" in out and "FULL_STATE_DICT" in out, out
+
+
+def megatron_state(state):
+    """Megatron-LM's GPTModel.state_dict_for_save_checkpoint: dicts nested by submodule."""
+    return {"language_model": {
+        "embedding": {"word_embeddings": {"weight": state["embed.weight"]}},
+        "encoder": collections.OrderedDict((k, v) for k, v in state.items()
+                                           if k.startswith("block.")),
+        "output_layer": {"weight": state["head.weight"]}}}
+
+
+def case_megatron_nested_model_dicts(d):
+    model, adam = trained()
+    state = model.state_dict()
+    saved = {"args": None, "checkpoint_version": 3.0, "iteration": 10,
+             "model": megatron_state(state), "optimizer": adam.state_dict(),
+             "rng_state": [{"random_rng_state": (3, (1, 2), None)}]}
+    path = os.path.join(d, "model_optim_rng.pt")
+    torch.save(saved, path)
+    out = run("check-keys", path, want=0)
+    assert "state dict in entry 'model'" in out, out
+    listing = os.path.join(d, "keys.txt")
+    want = ["language_model.embedding.word_embeddings.weight"] + [
+        "language_model.encoder." + k for k in state if k.startswith("block.")] + [
+        "language_model.output_layer.weight"]
+    with open(listing, "w") as f:
+        f.write("\n".join(want) + "\n")
+    run("check-keys", path, "--keys", listing, want=0)
+    out = run("check-keys", path, "--entry", "model.language_model", want=0)
+    assert "(torch.save zip, state dict in entry 'model.language_model'" in out, out
+    # Wrapped below the nesting (Megatron's own DDP in a layer): fixed, the dicts kept.
+    saved["model"]["language_model"]["encoder"] = prefixed(
+        saved["model"]["language_model"]["encoder"], "module.")
+    torch.save(saved, path)
+    out = run("check-keys", path, "--keys", listing, "--in-place", want=1)
+    back = torch.load(path)
+    assert list(back["model"]["language_model"]["encoder"]) == [
+        k for k in state if k.startswith("block.")], back["model"]
+    same(back["optimizer"], saved["optimizer"], "optimizer")
+    # A translation that would rename a nested dict is refused, nothing written.
+    with open(listing, "w") as f:
+        f.write("\n".join(w.replace("language_model.", "lm.") for w in want) + "\n")
+    before = open(path, "rb").read()
+    out = run("check-keys", path, "--keys", listing, "--in-place", want=2)
+    assert open(path, "rb").read() == before
+
+
+def case_megatron_folder_through_its_latest_iteration(d):
+    model, adam = trained()
+    state = model.state_dict()
+    root = os.path.join(d, "checkpoints")
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        os.makedirs(os.path.join(root, "iter_0000010", rank))
+        torch.save({"iteration": 10, "model": megatron_state(state)},
+                   os.path.join(root, "iter_0000010", rank, "model_optim_rng.pt"))
+        torch.save({"param_state": 1}, os.path.join(root, "iter_0000010", rank, "distrib_optim.pt"))
+    os.makedirs(os.path.join(root, "iter_0000005", "mp_rank_00"))
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("10")
+    out = run("check-keys", root, want=0)
+    assert "followed Megatron's latest_checkpointed_iteration.txt to iter_0000010" in out, out
+    assert "mp_rank_00 is checked" in out, out
+    assert ("files beside the weights, not checked: iter_0000010/mp_rank_00/distrib_optim.pt "
+            "iter_0000010/mp_rank_01/ iter_0000005/") in out, out
+    # Only one rank is read: a fix of the folder would leave the other; refused, nothing written.
+    listing = os.path.join(d, "keys.txt")
+    run("check-keys", root, want=0)
+    with open(listing, "w") as f:
+        f.write("language_model.embedding.word_embeddings.weight\n" + "".join(
+            "language_model.encoder." + k + "\n" for k in state if k.startswith("block.")) +
+            "language_model.output_layer.weight\n")
+    wrapped = megatron_state(state)
+    wrapped["language_model"]["encoder"] = prefixed(wrapped["language_model"]["encoder"], "module.")
+    rank0 = os.path.join(root, "iter_0000010", "mp_rank_00", "model_optim_rng.pt")
+    torch.save({"iteration": 10, "model": wrapped}, rank0)
+    before = open(rank0, "rb").read()
+    out = run("check-keys", root, "--keys", listing, "--in-place", want=3)
+    assert "nothing written: the first of 2 ranks was read" in out, out
+    assert open(rank0, "rb").read() == before
+    run("check-keys", rank0, "--keys", listing, "--in-place", want=1)
+    run("check-keys", rank0, "--keys", listing, want=0)
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("12")
+    out = run("check-keys", root, want=2)
+    assert "names iteration 12, whose folder iter_0000012 is missing" in out, out
 
 
 CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")]

@@ -264,6 +264,11 @@ void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c)
     std::cout << ", " << c.shards[0].file;
   }
   std::cout << ", " << c.state.size() << " keys)\n";
+  if (!c.more_state_dicts.empty()) {
+    std::cout << "more state dicts in the file, each checked below:";
+    for (const auto& e : c.more_state_dicts) std::cout << " " << e;
+    std::cout << "\n";
+  }
   if (!c.other_entries.empty()) {
     std::cout << "other entries, not checked:";
     for (const auto& e : c.other_entries) std::cout << " " << e;
@@ -320,14 +325,10 @@ int run_check_keys(const CheckKeysCli& o) {
     return code;
   }
   describe_checkpoint(o.file, listing);
-  const auto found = wrapcert::key_infos(listing);
 
-  wrapcert::KeyReport report;
-  if (scan) {
-    report = wrapcert::scan_keys(found);
-  } else {
-    std::vector<wrapcert::KeyInfo> expected;
-    wrapcert::CheckKeysOptions options;
+  std::vector<wrapcert::KeyInfo> expected;
+  wrapcert::CheckKeysOptions options;
+  if (!scan) {
     const int code = guarded(kExitNoInput, [&] {
       if (!o.fixture.empty()) {
         const auto config = wrapcert::fixtures::config_named(o.fixture);
@@ -342,20 +343,51 @@ int run_check_keys(const CheckKeysCli& o) {
       }
     });
     if (code >= 0) return code;
-    report = wrapcert::check_keys(found, expected, wrapcert::Registry::global(), options);
   }
+  auto judge = [&](const std::vector<wrapcert::KeyInfo>& found) {
+    return scan ? wrapcert::scan_keys(found)
+                : wrapcert::check_keys(found, expected, wrapcert::Registry::global(), options);
+  };
+  auto exit_for = [](const wrapcert::KeyReport& r) {
+    return r.status == wrapcert::KeyStatus::kClean    ? 0
+           : r.status == wrapcert::KeyStatus::kBroken ? kExitBroken
+                                                      : kExitFound;
+  };
+  const wrapcert::KeyReport report = judge(wrapcert::key_infos(listing));
   wrapcert::print(std::cout, report);
-  const int verdict = report.status == wrapcert::KeyStatus::kClean    ? 0
-                      : report.status == wrapcert::KeyStatus::kBroken ? kExitBroken
-                                                                      : kExitFound;
+  int verdict = exit_for(report);
+  // Every other state dict of the file (an EMA's) against the same reference.
+  std::vector<wrapcert::EntryRenames> more;
+  bool all_clean = report.status == wrapcert::KeyStatus::kClean;
+  for (const auto& entry : listing.more_state_dicts) {
+    wrapcert::Checkpoint other;
+    if (const int code = guarded(kExitNoInput,
+                                 [&] {
+                                   other = wrapcert::read_checkpoint(o.file, {false, entry});
+                                 });
+        code >= 0) {
+      return code;
+    }
+    std::cout << "\nstate dict in entry '" << entry << "' (" << other.state.size() << " keys)\n";
+    const auto r = judge(wrapcert::key_infos(other));
+    wrapcert::print(std::cout, r);
+    verdict = std::max(verdict, exit_for(r));
+    all_clean = all_clean && r.status == wrapcert::KeyStatus::kClean;
+    more.push_back({entry, r.translation});
+  }
   if (!fixing) return verdict;
-  if (report.status == wrapcert::KeyStatus::kBroken) {
+  if (verdict == kExitBroken) {
     std::cout << "nothing written: a translation of the keys cannot make this checkpoint load\n";
     return verdict;
   }
-  if (report.status == wrapcert::KeyStatus::kClean && o.in_place) {
+  if (all_clean && o.in_place) {
     std::cout << "nothing to do: the keys are already the model's\n";
     return verdict;
+  }
+  if (!listing.partial.empty()) {
+    std::cout << "nothing written: " << listing.partial << " was read (" << listing.files().back()
+              << "); fix each rank's file on its own, naming it\n";
+    return kExitUnsupported;
   }
   const std::string destination = o.in_place ? in_place_destination(o.file, listing) : o.fix;
   std::vector<std::string> outputs;
@@ -366,7 +398,7 @@ int run_check_keys(const CheckKeysCli& o) {
     }
     wrapcert::CheckpointWriteOptions write;
     write.tie_copies = o.ties == "copy";
-    wrapcert::write_fixed_checkpoint(destination, listing, report.translation, write);
+    wrapcert::write_fixed_checkpoint(destination, listing, report.translation, more, write);
   });
   if (code >= 0) return code;
   const bool safetensors =
@@ -378,7 +410,7 @@ int run_check_keys(const CheckKeysCli& o) {
                         "Transformers saves them and listed in __metadata__ "
                         "(wrapcert.aliases); --ties copy stores copies\n");
   }
-  if (report.status == wrapcert::KeyStatus::kClean) {
+  if (all_clean) {
     std::cout << "nothing to fix: the keys are already the model's; written in the format "
                  "asked for\n";
   }

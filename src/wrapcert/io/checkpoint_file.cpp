@@ -62,6 +62,7 @@ Checkpoint read_file(const std::string& path, const CheckpointReadOptions& optio
     out.format = saved.format;
     out.entry = saved.entry;
     out.other_entries = std::move(saved.other_entries);
+    out.more_state_dicts = std::move(saved.more_state_dicts);
   }
   out.shards.push_back({path, keys(out.state)});
   return out;
@@ -80,6 +81,7 @@ Checkpoint merge(std::vector<Checkpoint> parts, const std::string& where) {
     if (out.shards.empty()) {
       out.entry = part.entry;
       out.other_entries = part.other_entries;
+      out.more_state_dicts = part.more_state_dicts;
     }
     const auto& file = part.shards.front().file;
     for (const auto& item : part.state) {
@@ -220,7 +222,7 @@ bool is_training_state(const std::string& name) {
                                               "scheduler.bin",    "scaler.pt",     "scaler.bin",
                                               "training_args.bin"};
   return names.count(name) > 0 || (name.rfind("rng_state", 0) == 0 && ends_with(name, ".pth")) ||
-         (name.rfind("optimizer", 0) == 0 && is_shard_name(name)) ||
+         (name.rfind("optimizer", 0) == 0 && is_shard_name(name)) || name == "distrib_optim.pt" ||
          ends_with(name, "optim_states.pt");
 }
 
@@ -229,15 +231,46 @@ bool is_regular(const fs::path& path) {
   return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/// DeepSpeed's root folder: `latest` names the step folder to load ("global_step10").
-std::string deepspeed_latest(const std::string& folder) {
-  const auto latest = fs::path(folder) / "latest";
-  if (!is_regular(latest)) return "";
-  const detail::InputFile in(latest.string());
+/// The first line of a small regular file, trimmed; "" when there is none.
+std::string pointer_file(const fs::path& path) {
+  if (!is_regular(path)) return "";
+  const detail::InputFile in(path.string());
   if (in.size() == 0 || in.size() > 4096) return "";
   std::string name(in.size(), '\0');
   in.read_at(0, name.data(), name.size());
+  name = name.substr(0, name.find('\n'));
   while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  return name;
+}
+
+/// Megatron-LM's root folder: `latest_checkpointed_iteration.txt` holds the iteration ("10",
+/// folder `iter_0000010`) or "release".
+std::string megatron_latest(const std::string& folder) {
+  const auto text = pointer_file(fs::path(folder) / "latest_checkpointed_iteration.txt");
+  if (text.empty()) return "";
+  std::string name = text;
+  if (text != "release") {
+    if (text.size() > 7 || !std::all_of(text.begin(), text.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        })) {
+      throw detail::malformed_file(
+          (fs::path(folder) / "latest_checkpointed_iteration.txt").string(),
+          "holds '" + text + "', neither an iteration nor 'release'");
+    }
+    name = "iter_" + std::string(7 - text.size(), '0') + text;
+  }
+  struct stat st {};
+  if (::stat((fs::path(folder) / name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw detail::malformed_file(
+        (fs::path(folder) / "latest_checkpointed_iteration.txt").string(),
+        "names iteration " + text + ", whose folder " + name + " is missing");
+  }
+  return name;
+}
+
+/// DeepSpeed's root folder: `latest` names the step folder to load ("global_step10").
+std::string deepspeed_latest(const std::string& folder) {
+  const auto name = pointer_file(fs::path(folder) / "latest");
   struct stat st {};
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       ::stat((fs::path(folder) / name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -246,21 +279,35 @@ std::string deepspeed_latest(const std::string& folder) {
   return name;
 }
 
+Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& options);
+
+/// `path`'s subfolder `sub` read in its place, with `note`; every other entry of `path` but
+/// `pointer` (the file that named `sub`) listed as kept, unchecked.
+Checkpoint descend(const std::string& path, const std::string& sub, const std::string& pointer,
+                   const std::string& note, const CheckpointReadOptions& options) {
+  auto out = read_folder((fs::path(path) / sub).string(), options);
+  out.notes.insert(out.notes.begin(), note);
+  for (auto& name : out.not_read) name = sub + "/" + name;
+  std::error_code error;
+  std::vector<std::string> beside;  // the root's own files: a script, other steps
+  for (const auto& entry : fs::directory_iterator(path, error)) {
+    const auto name = entry.path().filename().string();
+    if (name == sub || name == pointer) continue;
+    beside.push_back(entry.is_directory(error) ? name + "/" : name);
+  }
+  std::sort(beside.begin(), beside.end());
+  out.not_read.insert(out.not_read.end(), beside.begin(), beside.end());
+  return out;
+}
+
 Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& options) {
   if (const auto step = deepspeed_latest(path); !step.empty()) {
-    auto out = read_folder((fs::path(path) / step).string(), options);
-    out.notes.insert(out.notes.begin(), "followed DeepSpeed's 'latest' to " + step);
-    for (auto& name : out.not_read) name = step + "/" + name;
-    std::error_code error;
-    std::vector<std::string> beside;  // the root's own files: DeepSpeed's script, other steps
-    for (const auto& entry : fs::directory_iterator(path, error)) {
-      const auto name = entry.path().filename().string();
-      if (name == step || name == "latest") continue;
-      beside.push_back(entry.is_directory(error) ? name + "/" : name);
-    }
-    std::sort(beside.begin(), beside.end());
-    out.not_read.insert(out.not_read.end(), beside.begin(), beside.end());
-    return out;
+    return descend(path, step, "latest", "followed DeepSpeed's 'latest' to " + step, options);
+  }
+  if (const auto iteration = megatron_latest(path); !iteration.empty()) {
+    return descend(path, iteration, "latest_checkpointed_iteration.txt",
+                   "followed Megatron's latest_checkpointed_iteration.txt to " + iteration,
+                   options);
   }
   std::vector<std::string> indexes, shards, training_state, distcp;
   // Every entry by name ("unet/" for a folder): what is not read is listed as kept, unchecked.
@@ -296,7 +343,9 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   std::sort(shards.begin(), shards.end());
   std::sort(training_state.begin(), training_state.end());
   std::vector<std::string> notes;
+  std::string partial;
   auto finish = [&](Checkpoint out) {
+    out.partial = partial;
     const auto read = out.files();
     for (const auto& name : entries) {
       const bool was_read = std::any_of(read.begin(), read.end(), [&](const std::string& f) {
@@ -340,10 +389,37 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   }
   if (!model_states.empty()) {
     if (model_states.size() > 1) {
+      partial = "the first of " + std::to_string(model_states.size()) + " ranks' model states";
       notes.push_back("DeepSpeed saves model states per rank; " +
                       fs::path(model_states.front()).filename().string() + " is checked");
     }
     shards = {model_states.front()};
+  }
+  // Megatron's iteration folder: one folder per model-parallel rank.
+  std::vector<std::string> ranks;
+  for (const auto& name : entries) {
+    if (name.rfind("mp_rank_", 0) == 0 && name.back() == '/') ranks.push_back(name);
+  }
+  if (shards.empty() && !ranks.empty()) {
+    const auto first = ranks.front().substr(0, ranks.front().size() - 1);
+    if (std::count(first.begin(), first.end(), '_') > 2) {  // mp_rank_00_000: a pipeline stage
+      throw Error(ErrorCode::kUnsupported, "",
+                  path + ": Megatron pipeline-parallel stages (" + first +
+                      ", ...), each holding other layers; check one stage's " +
+                      "model_optim_rng.pt with that stage's keys (--keys), or merge the stages "
+                      "with Megatron's checkpoint converter first");
+    }
+    auto out = read_folder((fs::path(path) / first).string(), options);
+    for (auto& name : out.not_read) name = first + "/" + name;
+    out.notes.insert(out.notes.begin(), "Megatron saves a folder per tensor-parallel rank (" +
+                                            std::to_string(ranks.size()) +
+                                            "), each the same keys at its slice; " + first +
+                                            " is checked");
+    for (const auto& name : entries) {
+      if (name != ranks.front()) out.not_read.push_back(name);
+    }
+    if (ranks.size() > 1) out.partial = "the first of " + std::to_string(ranks.size()) + " ranks";
+    return out;
   }
   if (shards.empty()) {
     throw detail::malformed_file(
@@ -670,10 +746,34 @@ void write_checkpoint(const std::string& destination, const Checkpoint& checkpoi
 void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
                             const std::vector<std::pair<std::string, std::string>>& renames,
                             const CheckpointWriteOptions& options) {
+  write_fixed_checkpoint(destination, source, renames, {}, options);
+}
+
+void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
+                            const std::vector<std::pair<std::string, std::string>>& renames,
+                            const std::vector<EntryRenames>& more,
+                            const CheckpointWriteOptions& options) {
   const auto files = planned_files(destination, source);
   const bool one_file = files.size() == 1;
   const auto format =
       one_file ? format_for(destination) : index_destination(destination, source).second;
+  if (!more.empty()) {
+    std::string names = source.entry;
+    for (const auto& e : more) names += ", " + e.entry;
+    if (!one_file || source.shards.size() != 1 || source.format == "safetensors" ||
+        format != CheckpointFormat::kTorchSave) {
+      throw Error(ErrorCode::kUnsupported, "",
+                  destination + ": the checkpoint holds " + std::to_string(more.size() + 1) +
+                      " state dicts (" + names +
+                      "), which only one torch.save file holds: write *.pt, or choose one with "
+                      "--entry");
+    }
+    std::vector<EntryRenames> all = {{source.entry, renames}};
+    all.insert(all.end(), more.begin(), more.end());
+    rewrite_torch_save(source.shards.front().file, destination, all);
+    if (options.on_file) options.on_file(destination);
+    return;
+  }
   const std::unordered_map<std::string, std::string> to(renames.begin(), renames.end());
   const auto renamed = [&to](const std::string& key) {
     const auto it = to.find(key);

@@ -8,6 +8,7 @@
 ///   auto full = wrapcert::read_checkpoint("trainer.pt");   // finds the "model" entry
 ///   wrapcert::write_checkpoint("clean.safetensors", full);
 
+#include <wrapcert/io/torch_save.h>
 #include <wrapcert/view.h>
 
 #include <functional>
@@ -35,8 +36,11 @@ struct Checkpoint {
   std::string format;  ///< "safetensors", "torch.save zip", "torch.save legacy"
   std::string entry;   ///< the nested entry that held the state dict, "" the root
   std::vector<std::string> other_entries;  ///< the trainer's entries beside it
-  std::string index;                       ///< the index file read, "" when there is none
-  std::vector<Shard> shards;               ///< every file read (one for a single file)
+  /// Entries beside `entry` that hold state dicts too (timm's `state_dict_ema`, a `model_ema`),
+  /// found when no entry was asked for: each is read by naming it and checked on its own.
+  std::vector<std::string> more_state_dicts;
+  std::string index;          ///< the index file read, "" when there is none
+  std::vector<Shard> shards;  ///< every file read (one for a single file)
   /// Every entry of the folder read that was not read, by name in name order ("unet/" for a
   /// folder, "global_step10/..." inside DeepSpeed's step): a trainer's state (optimizer.pt,
   /// random_states_0.pkl), configuration and tokenizer files, `.bin` files beside safetensors,
@@ -45,6 +49,10 @@ struct Checkpoint {
   /// How the weights were chosen in a folder, one line each ("followed DeepSpeed's 'latest' to
   /// global_step10", "safetensors weights preferred over the others, as Transformers loads them").
   std::vector<std::string> notes;
+
+  /// What was read when a folder's weights are per rank and only one rank was read ("the first of
+  /// 2 ranks"): a fix would leave the other ranks' files as they are. "" when all was read.
+  std::string partial;
 
   bool sharded() const { return !index.empty() || shards.size() > 1; }
   /// The files read: the index (if any) and every shard.
@@ -120,6 +128,14 @@ void write_checkpoint(const std::string& destination, const Checkpoint& checkpoi
 /// file keeps its `__metadata__`. The index keeps its own entries besides the `weight_map`.
 void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
                             const std::vector<std::pair<std::string, std::string>>& renames,
+                            const CheckpointWriteOptions& options = {});
+
+/// As above, and the state dicts of `source.more_state_dicts` renamed too (`more`: an entry and
+/// its renames each), all in the one file written. Only a single `torch.save` file written as
+/// `torch.save` holds several state dicts: otherwise throws `Error` (kUnsupported) naming them.
+void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
+                            const std::vector<std::pair<std::string, std::string>>& renames,
+                            const std::vector<EntryRenames>& more,
                             const CheckpointWriteOptions& options = {});
 
 /// `checkpoint` with keys renamed (found -> expected); tensors, order, ties and shards kept.

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace wrapcert {
 namespace {
@@ -42,8 +43,9 @@ struct Value {
   std::string s;              // string, "module name" of a global, class of an object
   std::vector<Value*> items;  // tuple, list, set
   std::vector<std::pair<Value*, Value*>> dict;
-  torch::Tensor tensor;  // on meta
-  size_t storage = 0;    // the tensor's storage, an index into the reader's storages
+  torch::Tensor tensor;    // on meta
+  size_t storage = 0;      // the tensor's storage, an index into the reader's storages
+  Value* state = nullptr;  // an object's state, as BUILD gave it (a module's `__dict__`)
   // A string's opcode in the pickle, [begin, end), and whether the memo handed it out again.
   size_t begin = 0;
   size_t end = 0;
@@ -52,6 +54,25 @@ struct Value {
 // Values live in the reader's arena and point at each other without owning: a pickle may build
 // a list that contains itself, or nest a million tuples, and neither leaks nor recurses.
 using Ptr = Value*;
+
+/// An `nn.Module` pickled whole (`torch.save(model)`): an object whose state holds `_modules`
+/// and `_parameters`.
+bool is_module(const Value* v) {
+  if (v->kind != Value::Kind::kObject || !v->state || v->state->kind != Value::Kind::kDict) {
+    return false;
+  }
+  int found = 0;
+  for (const auto& [k, value] : v->state->dict) {
+    found += k->kind == Value::Kind::kString && (k->s == "_modules" || k->s == "_parameters");
+  }
+  return found == 2;
+}
+
+/// A global as Python spells it: "torch.nn.Linear" for "torch.nn Linear".
+std::string dotted(std::string global) {
+  std::replace(global.begin(), global.end(), ' ', '.');
+  return global;
+}
 
 std::string describe(const Value* v) {
   switch (v->kind) {
@@ -76,7 +97,8 @@ std::string describe(const Value* v) {
     case Value::Kind::kTensor:
       return "a tensor";
     case Value::Kind::kObject:
-      return "an object of '" + v->s + "'";
+      return is_module(v) ? "a pickled module of class '" + dotted(v->s) + "'"
+                          : "an object of '" + v->s + "'";
     case Value::Kind::kMark:
       return "a mark";
   }
@@ -267,9 +289,11 @@ class Reader {
           for (size_t i = 0; i < items.size(); i += 2) set_item(top(), items[i], items[i + 1]);
           break;
         }
-        case 'b':
-          pop();
-          break;  // BUILD: an object's state (an OrderedDict's `_metadata`); not needed
+        case 'b': {  // BUILD: an object's state, kept to name what the object is
+          auto state = pop();
+          if (top()->kind == Value::Kind::kObject) top()->state = state;
+          break;
+        }
         case 'R': {
           auto args = pop();
           auto fn = pop();
@@ -428,6 +452,25 @@ class Reader {
       return args->items[0];
     }
     if (fn->s == "torch._utils _rebuild_tensor_v2") return rebuild_tensor(args);
+    const bool tuple = args->kind == Value::Kind::kTuple;
+    if ((fn->s == "torch._tensor _rebuild_from_type_v2" ||
+         fn->s == "torch._tensor _rebuild_from_type") &&
+        tuple && args->items.size() >= 3 && args->items[1]->kind == Value::Kind::kGlobal) {
+      // A tensor subclass: (function, class, its arguments, state). A subclass over plain data
+      // is its tensor; another (a ShardedTensor, a DTensor) is named by its class.
+      const auto& cls = args->items[1]->s;
+      const bool sharded = cls.find("ShardedTensor") != std::string::npos ||
+                           cls.find(" DTensor") != std::string::npos;
+      if (!sharded && args->items[0]->kind == Value::Kind::kGlobal &&
+          args->items[0]->s == "torch._utils _rebuild_tensor_v2") {
+        return rebuild_tensor(args->items[2]);
+      }
+      return make_object(cls);
+    }
+    if (fn->s == "copyreg _reconstructor" && tuple && !args->items.empty() &&
+        args->items[0]->kind == Value::Kind::kGlobal) {
+      return make_object(args->items[0]->s);  // protocols 0 and 1: the object's class
+    }
     // Anything else (an optimizer's hyper-parameters in a class, a set, a quantized tensor) is
     // kept unexecuted; it is an error only where the state dict needs a tensor.
     return make_object(fn->s);
@@ -530,15 +573,31 @@ bool is_sharded_value(const Value* v) {
                                              v->s.find(" DTensor") != std::string::npos);
 }
 
-bool is_state_dict(const Value* v) {
-  if (v->kind != Value::Kind::kDict) return false;
+/// How deep dicts of tensors nest in a state dict (Megatron's `model.language_model.embedding`).
+constexpr int kMaxNesting = 16;
+
+/// A dict of tensors keyed by strings, or (up to `depth` levels below it) of such dicts, whose
+/// keys join with '.' as a module's do: Megatron saves its model that way. A dict met twice (a
+/// pickle's dict inside itself, or shared) is none: each dict is looked at once.
+bool is_state_dict(const Value* v, int depth, std::unordered_set<const Value*>& seen) {
+  if (v->kind != Value::Kind::kDict || !seen.insert(v).second) return false;
   for (const auto& [k, value] : v->dict) {
     if (k->kind != Value::Kind::kString) return false;
-    if (value->kind != Value::Kind::kTensor && !is_sharded_value(value) && !is_extra_state(k->s)) {
-      return false;
+    if (value->kind == Value::Kind::kTensor || is_sharded_value(value) || is_extra_state(k->s)) {
+      continue;
     }
+    if (depth > 0 && value->kind == Value::Kind::kDict && !value->dict.empty() &&
+        is_state_dict(value, depth - 1, seen)) {
+      continue;
+    }
+    return false;
   }
   return true;
+}
+
+bool is_state_dict(const Value* v, int depth = kMaxNesting) {
+  std::unordered_set<const Value*> seen;
+  return is_state_dict(v, depth, seen);
 }
 
 std::string key_text(const Value* k) {
@@ -546,6 +605,11 @@ std::string key_text(const Value* k) {
          : k->kind == Value::Kind::kInt  ? std::to_string(k->i)
                                          : "<" + describe(k) + ">";
 }
+
+constexpr const char* kModuleWayOut =
+    "its keys are its attributes' names, which only the module's own code gives: load it in "
+    "Python and save what check-keys reads, torch.save(module.state_dict(), 'model.pt') (for a "
+    "trainer's dict, replace the entry by the module's state_dict())";
 
 const Value* find_entry(const Value* dict, const std::string& name) {
   for (const auto& [k, v] : dict->dict) {
@@ -577,6 +641,11 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
   const Value* root = reader.run();
   out.end = reader.pos();
   out.frames = reader.frames();
+  if (is_module(root)) {
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": the file holds " + describe(root) + " (torch.save(model)), not a state " +
+                    "dict; " + kModuleWayOut);
+  }
   if (root->kind != Value::Kind::kDict)
     reader.fail("", "the file holds " + describe(root) + ", not a dict");
   const Value* chosen = root;
@@ -598,7 +667,7 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
       chosen = next;
     }
     out.entry = entry;
-  } else if (!is_state_dict(root)) {
+  } else if (!is_state_dict(root, /*depth=*/0)) {
     for (const auto& name : usual_state_dict_entries()) {
       const Value* v = find_entry(root, name);
       if (v && is_state_dict(v)) {
@@ -607,7 +676,16 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
         break;
       }
     }
-    if (chosen == root) {
+    if (chosen == root && !root->dict.empty() && is_state_dict(root)) {
+      // dicts of tensors nested at the root: the root, its keys joined
+    } else if (chosen == root) {
+      for (const auto& [k, v] : root->dict) {  // {"model": model, "epoch": 3}
+        if (is_module(v)) {
+          throw Error(ErrorCode::kUnsupported, key_text(k),
+                      path + ": entry '" + key_text(k) + "' holds " + describe(v) +
+                          ", not a state dict; " + kModuleWayOut);
+        }
+      }
       // Name the first value that is not a tensor: a plain state dict with one bad value.
       for (const auto& [k, v] : root->dict) {
         if (k->kind == Value::Kind::kString && v->kind == Value::Kind::kTensor) continue;
@@ -620,79 +698,130 @@ PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std
     }
   }
   if (chosen->kind != Value::Kind::kDict) {
+    if (is_module(chosen)) {
+      throw Error(ErrorCode::kUnsupported, out.entry,
+                  path + ": entry '" + out.entry + "' holds " + describe(chosen) +
+                      ", not a state dict; " + kModuleWayOut);
+    }
     reader.fail(out.entry, "entry '" + out.entry + "' holds " + describe(chosen) + ", not a dict");
   }
   if (chosen != root) {
     const auto top = out.entry.substr(0, out.entry.find('.'));
     for (const auto& [k, v] : root->dict) {
-      if (key_text(k) != top) out.other_entries.push_back(key_text(k));
+      if (key_text(k) == top) continue;
+      // Other state dicts beside the chosen one (an EMA's), when none was asked for.
+      const bool more = entry.empty() && k->kind == Value::Kind::kString &&
+                        v->kind == Value::Kind::kDict && !v->dict.empty() && is_state_dict(v);
+      (more ? out.more_state_dicts : out.other_entries).push_back(key_text(k));
     }
   }
-  const std::string prefix = out.entry.empty() ? "" : out.entry + ".";
-  for (const auto& [k, v] : chosen->dict) {
-    if (k->kind != Value::Kind::kString) {
-      reader.fail(prefix + key_text(k), "a key that is not a string (" + describe(k) + ")");
-    }
-    if (is_sharded_value(v)) {
-      throw Error(ErrorCode::kUnsupported, k->s,
-                  path + ": the value is " + describe(v) +
-                      ", one rank's part of a sharded state dict (FSDP's SHARDED_STATE_DICT), "
-                      "which loads only into the same sharded model; save a full state dict "
-                      "(FullyShardedDataParallel.state_dict_type(model, "
-                      "StateDictType.FULL_STATE_DICT)) and check that");
-    }
-    const bool extra = v->kind != Value::Kind::kTensor && is_extra_state(k->s);
-    if (v->kind != Value::Kind::kTensor && !extra) {
-      reader.fail(k->s, "the value is " + describe(v) + ", not a tensor" +
-                            (out.entry.empty() ? "" : " (in entry '" + out.entry + "')"));
-    }
-    if (out.state.contains(k->s)) reader.fail(k->s, "the key is saved twice");
-    // A module's extra state that is not a tensor is kept as a key with no tensor.
-    out.state.insert(k->s, extra ? torch::Tensor() : v->tensor);
-    out.storage_of.push_back(extra ? kNoStorage : v->storage);
-    out.key_spans.push_back({k->begin, k->end, k->reused});
-  }
+  // Keys in saved order; a nested dict's keys joined to its own with '.'.
+  const std::function<void(const Value*, const std::string&, int)> collect =
+      [&](const Value* dict, const std::string& prefix, int depth) {
+        for (const auto& [k, v] : dict->dict) {
+          if (k->kind != Value::Kind::kString) {
+            reader.fail(prefix + key_text(k), "a key that is not a string (" + describe(k) + ")");
+          }
+          const auto key = prefix + k->s;
+          if (is_sharded_value(v)) {
+            throw Error(
+                ErrorCode::kUnsupported, key,
+                path + ": the value is " + describe(v) +
+                    ", one rank's part of a sharded state dict (FSDP's SHARDED_STATE_DICT or "
+                    "LOCAL_STATE_DICT), which loads only into the same sharded model; save a full "
+                    "state dict (FullyShardedDataParallel.state_dict_type(model, "
+                    "StateDictType.FULL_STATE_DICT)) and check that");
+          }
+          const bool extra = v->kind != Value::Kind::kTensor && is_extra_state(key);
+          if (!extra && v->kind == Value::Kind::kDict && !v->dict.empty() && depth < kMaxNesting &&
+              is_state_dict(v, kMaxNesting - depth - 1)) {
+            collect(v, key + ".", depth + 1);
+            continue;
+          }
+          if (v->kind != Value::Kind::kTensor && !extra) {
+            if (is_module(v)) {
+              throw Error(
+                  ErrorCode::kUnsupported, key,
+                  path + ": the value is " + describe(v) + ", not a tensor; " + kModuleWayOut);
+            }
+            reader.fail(key, "the value is " + describe(v) + ", not a tensor" +
+                                 (out.entry.empty() ? "" : " (in entry '" + out.entry + "')"));
+          }
+          if (out.state.contains(key)) reader.fail(key, "the key is saved twice");
+          // A module's extra state that is not a tensor is kept as a key with no tensor.
+          out.state.insert(key, extra ? torch::Tensor() : v->tensor);
+          out.storage_of.push_back(extra ? kNoStorage : v->storage);
+          out.key_spans.push_back({k->begin, k->end, k->reused, prefix.size()});
+        }
+      };
+  collect(chosen, "", 0);
   return out;
 }
 
 std::string rename_pickled_keys(const char* data, const PickledStateDict& pickled,
-                                const std::vector<std::pair<std::string, std::string>>& renames,
-                                const std::string& path) {
-  std::unordered_map<std::string, std::string> to(renames.begin(), renames.end());
+                                const KeyRenames& renames, const std::string& path) {
+  return rename_pickled_keys(data, {{&pickled, &renames}}, path);
+}
+
+std::string rename_pickled_keys(
+    const char* data,
+    const std::vector<std::pair<const PickledStateDict*, const KeyRenames*>>& parts,
+    const std::string& path) {
   struct Edit {
     size_t begin, end;
     std::string bytes;
   };
   std::vector<Edit> edits;
-  for (size_t f : pickled.frames) edits.push_back({f, f + 9, ""});
-  size_t i = 0;
-  for (const auto& item : pickled.state) {
-    const auto& span = pickled.key_spans[i++];
-    const auto it = to.find(item.key());
-    if (it == to.end() || it->second == item.key()) continue;
-    if (span.reused) {
-      throw detail::malformed_file(path,
-                                   "the pickle refers to the key's string elsewhere too; renaming "
-                                   "it would rename that as well, so wrapcert leaves this file as "
-                                   "it is",
-                                   item.key());
+  if (parts.empty()) throw Error(ErrorCode::kInvalidArgument, "", path + ": nothing to rename");
+  const auto& first = *parts.front().first;
+  for (size_t f : first.frames) edits.push_back({f, f + 9, ""});
+  for (const auto& [pickled, renames] : parts) {
+    std::unordered_map<std::string, std::string> to(renames->begin(), renames->end());
+    size_t i = 0;
+    for (const auto& item : pickled->state) {
+      const auto& span = pickled->key_spans[i++];
+      const auto it = to.find(item.key());
+      if (it == to.end() || it->second == item.key()) continue;
+      if (span.reused) {
+        throw detail::malformed_file(
+            path,
+            "the pickle refers to the key's string elsewhere too; renaming it would rename that "
+            "as well, so wrapcert leaves this file as it is",
+            item.key());
+      }
+      if (it->second.compare(0, span.prefix, item.key(), 0, span.prefix) != 0) {
+        throw Error(ErrorCode::kUnsupported, item.key(),
+                    path + ": the key lies in nested dicts ('" +
+                        item.key().substr(0, span.prefix - 1) + "') that the translation to '" +
+                        it->second +
+                        "' renames; wrapcert renames only the last part of a nested key, so "
+                        "it leaves this file as it is");
+      }
+      const auto rest = it->second.substr(span.prefix);
+      const auto n = static_cast<uint32_t>(rest.size());
+      std::string op(5, 'X');  // BINUNICODE: a 4-byte little-endian length, then UTF-8
+      for (int b = 0; b < 4; ++b) op[1 + b] = static_cast<char>((n >> (8 * b)) & 0xff);
+      edits.push_back({span.begin, span.end, op + rest});
     }
-    const auto n = static_cast<uint32_t>(it->second.size());
-    std::string op(5, 'X');  // BINUNICODE: a 4-byte little-endian length, then UTF-8
-    for (int b = 0; b < 4; ++b) op[1 + b] = static_cast<char>((n >> (8 * b)) & 0xff);
-    edits.push_back({span.begin, span.end, op + it->second});
   }
   std::sort(edits.begin(), edits.end(),
             [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  for (size_t e = 1; e < edits.size(); ++e) {
+    if (edits[e].begin < edits[e - 1].end) {
+      throw detail::malformed_file(path,
+                                   "two state dicts share a key's string; wrapcert leaves "
+                                   "this file as it is");
+    }
+  }
   std::string out;
-  out.reserve(pickled.end + 64 * edits.size());
+  out.reserve(first.end + 64 * edits.size());
   size_t at = 0;
   for (const auto& e : edits) {
     out.append(data + at, e.begin - at);
     out += e.bytes;
     at = e.end;
   }
-  out.append(data + at, pickled.end - at);
+  out.append(data + at, first.end - at);
   return out;
 }
 
@@ -828,6 +957,16 @@ StateDict with_data(const detail::PickledStateDict& pickled, const Load& load) {
 TorchSaveFile read_zip(detail::InputFile& file, const TorchSaveOptions& options) {
   const std::string path = file.path();
   ZipArchive archive(file);
+  const auto names = archive.names();
+  const auto script = std::find_if(names.begin(), names.end(), [](const std::string& n) {
+    return n == "constants.pkl" || n.rfind("code/", 0) == 0;
+  });
+  if (script != names.end()) {
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": a TorchScript archive (torch.jit.save: it holds " + *script +
+                    "), a compiled module rather than a state dict; its state dict is "
+                    "torch.jit.load(path).state_dict(): save that with torch.save and check it");
+  }
   const auto pickle = archive.read_all("data.pkl");
   auto pickled = detail::read_state_dict_pickle(pickle.data(), pickle.size(), path, options.entry);
   // Every storage the pickle names is in the archive with its exact size.
@@ -842,7 +981,8 @@ TorchSaveFile read_zip(detail::InputFile& file, const TorchSaveOptions& options)
                                              std::to_string(c10::elementSize(s.dtype)));
     }
   }
-  TorchSaveFile out{StateDict(), "torch.save zip", pickled.entry, pickled.other_entries};
+  TorchSaveFile out{StateDict(), "torch.save zip", pickled.entry, pickled.other_entries,
+                    pickled.more_state_dicts};
   out.state = !options.data
                   ? std::move(pickled.state)
                   : with_data(pickled, [&](size_t s, torch::Tensor& t) {
@@ -936,7 +1076,8 @@ TorchSaveFile read_legacy(detail::InputFile& file, const TorchSaveOptions& optio
     throw detail::malformed_file(
         path, std::to_string(map.size() - pos) + " bytes follow the last storage");
   }
-  TorchSaveFile out{StateDict(), "torch.save legacy", pickled.entry, pickled.other_entries};
+  TorchSaveFile out{StateDict(), "torch.save legacy", pickled.entry, pickled.other_entries,
+                    pickled.more_state_dicts};
   out.state = !options.data ? std::move(pickled.state)
                             : with_data(pickled, [&](size_t s, torch::Tensor& t) {
                                 if (t.nbytes()) {
@@ -1102,15 +1243,27 @@ class ArchiveWriter {
   caffe2::serialize::PyTorchStreamWriter writer_;
 };
 
+/// Each entry's state dict in the pickle at `data`, and the pickle with their keys renamed.
+std::pair<std::string, size_t> renamed_pickle(const char* data, size_t size,
+                                              const std::string& path,
+                                              const std::vector<EntryRenames>& entries) {
+  std::vector<detail::PickledStateDict> pickled;
+  pickled.reserve(entries.size());
+  std::vector<std::pair<const detail::PickledStateDict*, const detail::KeyRenames*>> parts;
+  for (const auto& e : entries) {
+    pickled.push_back(detail::read_state_dict_pickle(data, size, path, e.entry));
+    parts.emplace_back(&pickled.back(), &e.renames);
+  }
+  return {detail::rename_pickled_keys(data, parts, path), pickled.front().end};
+}
+
 void rewrite_zip(detail::InputFile& file, const std::string& destination,
-                 const std::vector<std::pair<std::string, std::string>>& renames,
-                 const std::string& entry) {
+                 const std::vector<EntryRenames>& entries) {
   const std::string path = file.path();
   ZipArchive archive(file);
   const auto pickle = archive.read_all("data.pkl");
-  const auto pickled = detail::read_state_dict_pickle(pickle.data(), pickle.size(), path, entry);
-  auto renamed = detail::rename_pickled_keys(pickle.data(), pickled, renames, path);
-  renamed.append(pickle, pickled.end, std::string::npos);
+  auto [renamed, end] = renamed_pickle(pickle.data(), pickle.size(), path, entries);
+  renamed.append(pickle, end, std::string::npos);
   const auto names = archive.names();
   write_file_atomically(destination, [&](std::ostream& out) {
     ArchiveWriter writer(out);
@@ -1136,18 +1289,15 @@ void rewrite_zip(detail::InputFile& file, const std::string& destination,
 }
 
 void rewrite_legacy(detail::InputFile& file, const std::string& destination,
-                    const std::vector<std::pair<std::string, std::string>>& renames,
-                    const std::string& entry) {
+                    const std::vector<EntryRenames>& entries) {
   const std::string& path = file.path();
   const detail::MappedFile map(file);
   const size_t start = legacy_object_start(map, path);
-  const auto pickled =
-      detail::read_state_dict_pickle(map.data() + start, map.size() - start, path, entry);
-  const auto renamed = detail::rename_pickled_keys(map.data() + start, pickled, renames, path);
+  const auto [renamed, end] = renamed_pickle(map.data() + start, map.size() - start, path, entries);
   write_file_atomically(destination, [&](std::ostream& out) {
     out.write(map.data(), static_cast<std::streamsize>(start));
     out.write(renamed.data(), static_cast<std::streamsize>(renamed.size()));
-    const size_t rest = start + pickled.end;
+    const size_t rest = start + end;
     out.write(map.data() + rest, static_cast<std::streamsize>(map.size() - rest));
   });
 }
@@ -1157,13 +1307,21 @@ void rewrite_legacy(detail::InputFile& file, const std::string& destination,
 void rewrite_torch_save(const std::string& source, const std::string& destination,
                         const std::vector<std::pair<std::string, std::string>>& renames,
                         const std::string& entry) {
+  rewrite_torch_save(source, destination, std::vector<EntryRenames>{{entry, renames}});
+}
+
+void rewrite_torch_save(const std::string& source, const std::string& destination,
+                        const std::vector<EntryRenames>& entries) {
+  if (entries.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "", source + ": no state dict named to rewrite");
+  }
   detail::InputFile file(source);
   static constexpr unsigned char kZip[] = {'P', 'K', 3, 4};
-  if (starts_with(file, kZip, sizeof kZip)) return rewrite_zip(file, destination, renames, entry);
+  if (starts_with(file, kZip, sizeof kZip)) return rewrite_zip(file, destination, entries);
   if (starts_with(file, kLegacyMagic, sizeof kLegacyMagic)) {
-    return rewrite_legacy(file, destination, renames, entry);
+    return rewrite_legacy(file, destination, entries);
   }
-  (void)read_torch_save(source, {false, entry});  // names what the file is instead
+  (void)read_torch_save(source, {false, entries.front().entry});  // names what the file is
   throw detail::malformed_file(source, "not a torch.save file");
 }
 

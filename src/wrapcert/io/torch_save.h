@@ -30,12 +30,16 @@ struct TorchSaveFile {
   std::string format;  ///< "torch.save zip" or "torch.save legacy"
   std::string entry;   ///< the nested entry used, "" for the root
   std::vector<std::string> other_entries;  ///< the root's entries beside it
+  /// The root's other entries that hold state dicts too (timm's `state_dict_ema`), when no entry
+  /// was asked for: read each by naming it.
+  std::vector<std::string> more_state_dicts;
 };
 
-/// Throws `Error` (kMalformedInput) naming the file, and the key where there is one, for a
-/// damaged archive, a storage whose size does not match, an unknown format, or a chosen entry
-/// that is missing or holds something other than tensors; (kInvalidArgument) for a path that
-/// is not a regular file.
+/// Throws `Error` naming the file, and the key where there is one: kMalformedInput for a damaged
+/// archive, a storage whose size does not match, an unknown format, or a chosen entry that is
+/// missing or holds something other than tensors; kUnsupported, with the way out, for what is
+/// no state dict (a TorchScript archive, a pickled module) or one rank's part of a sharded one;
+/// kInvalidArgument for a path that is not a regular file.
 TorchSaveFile read_torch_save(const std::string& path, const TorchSaveOptions& options = {});
 
 /// Every tensor of a saved state dict, on the CPU, in saved order: `read_torch_save(path).state`.
@@ -56,5 +60,15 @@ void save_torch_save(const std::string& path, const StateDict& state);
 void rewrite_torch_save(const std::string& source, const std::string& destination,
                         const std::vector<std::pair<std::string, std::string>>& renames,
                         const std::string& entry = "");
+
+/// A state dict of a file (`entry` as in `TorchSaveOptions`) and its keys' renames.
+struct EntryRenames {
+  std::string entry;
+  std::vector<std::pair<std::string, std::string>> renames;
+};
+/// As above, renaming the keys of several state dicts of the file in one pass (a model's and its
+/// EMA's), so the file is never half renamed.
+void rewrite_torch_save(const std::string& source, const std::string& destination,
+                        const std::vector<EntryRenames>& entries);
 
 }  // namespace wrapcert

@@ -22,6 +22,7 @@ namespace {
 
 using test_support::ThrowsError;
 using ::testing::_;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Files written by PyTorch itself (fixtures/golden/torch_save/make_files.py, Debian's
@@ -248,6 +249,59 @@ TEST(TorchSavePickle, ASelfContainingListNeitherLeaksNorRecurses) {
   for (int i = 0; i < 1000000; ++i) deep.op("\x85");
   deep.op(".");
   expect_malformed(deep, "", "holds a tuple, not a dict");
+}
+
+TEST(TorchSavePickle, NestedDictsOfTensorsGiveDottedKeysAndRenameTheirLastPart) {
+  // {"model": {"lm": {"emb": {"weight": t}, "enc": {"module.w": t}}}, "epoch": 3}, as Megatron
+  auto megatron = [](const std::string& inner) {
+    Pickle p;
+    p.op("}(").str("model").op("}").str("lm").op("}(").str("emb").op("}").str("weight");
+    p.tensor("0", 4, 0, {4}, {1}).op("s").str("enc").op("}").str(inner);
+    p.tensor("1", 4, 0, {4}, {1}).op("su").op("s").str("epoch").small(3);
+    return p.op("u.");
+  };
+  const auto pickled = detail::read_state_dict_pickle(megatron("module.w").bytes.data(),
+                                                      megatron("module.w").bytes.size(), "m.pt");
+  EXPECT_EQ(pickled.entry, "model");
+  EXPECT_EQ(keys(pickled.state), std::vector<std::string>({"lm.emb.weight", "lm.enc.module.w"}));
+  EXPECT_EQ(renamed(megatron("module.w"), {{"lm.enc.module.w", "lm.enc.w"}}), megatron("w").bytes);
+  EXPECT_THAT(
+      [&] {
+        renamed(megatron("module.w"), {{"lm.enc.module.w", "lm.w"}});
+      },
+      ThrowsError(ErrorCode::kUnsupported, "lm.enc.module.w",
+                  HasSubstr("renames only the last part")));
+}
+
+TEST(TorchSavePickle, EveryStateDictBesideTheChosenOneIsListed) {
+  Pickle p;  // {"state_dict": {"w": t}, "epoch": 3, "state_dict_ema": {"w": t2}, "cfg": {}}
+  p.op("}(").str("state_dict").op("}").str("w").tensor("0", 4, 0, {4}, {1}).op("s");
+  p.str("epoch").small(3).str("state_dict_ema").op("}").str("w");
+  p.tensor("1", 4, 0, {4}, {1}).op("s").str("cfg").op("}u.");
+  const auto pickled = detail::read_state_dict_pickle(p.bytes.data(), p.bytes.size(), "t.pt");
+  EXPECT_EQ(pickled.entry, "state_dict");
+  EXPECT_EQ(pickled.more_state_dicts, std::vector<std::string>{"state_dict_ema"});
+  EXPECT_EQ(pickled.other_entries, std::vector<std::string>({"epoch", "cfg"}));
+  const auto ema =
+      detail::read_state_dict_pickle(p.bytes.data(), p.bytes.size(), "t.pt", "state_dict_ema");
+  EXPECT_TRUE(ema.more_state_dicts.empty()) << "an entry asked for is read alone";
+}
+
+TEST(TorchSavePickle, ADictInsideItselfIsLookedAtOnce) {
+  Pickle p;  // d = {}; d["a".."t"] = d (20 keys); {"model": d}: 20^16 walks if not
+  p.op("}(").str("model").op("}").op(std::string("q\0(", 3));
+  for (char c = 'a'; c <= 't'; ++c) p.str(std::string(1, c)).op(std::string("h\0", 2));
+  p.op("uu.");
+  expect_malformed(p, "model", "not a state dict");
+}
+
+TEST(TorchSavePickle, APickledModuleIsNamedWithTheWayOut) {
+  Pickle p;  // Net.__new__(Net) with {"_parameters": {}, "_modules": {}} as its state
+  p.op("c__main__\nNet\n)\x81}(").str("_parameters").op("}").str("_modules").op("}ub.");
+  EXPECT_THAT([&] { (void)run(p); },
+              ThrowsError(ErrorCode::kUnsupported, "",
+                          AllOf(HasSubstr("a pickled module of class '__main__.Net'"),
+                                HasSubstr("state_dict()"))));
 }
 
 TEST(TorchSaveZip, EveryStorageIsInTheArchiveWithItsExactSize) {

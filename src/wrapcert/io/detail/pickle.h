@@ -26,6 +26,9 @@ struct PickledKey {
   size_t end = 0;
   /// The pickle refers to the same string again elsewhere (through its memo).
   bool reused = false;
+  /// How much of the key its nested dicts spell ("language_model.embedding." of
+  /// "language_model.embedding.word_embeddings.weight"); the string holds the rest.
+  size_t prefix = 0;
 };
 
 /// `PickledStateDict::storage_of` for a value that is no tensor.
@@ -46,6 +49,9 @@ struct PickledStateDict {
   std::string entry;
   /// The root's other entries when the state dict is nested ("optimizer", "epoch").
   std::vector<std::string> other_entries;
+  /// The root's other entries that hold state dicts too (timm's "state_dict_ema"), when no
+  /// entry was asked for; not in `other_entries`.
+  std::vector<std::string> more_state_dicts;
   /// For each entry of `state`, in order, where its key is spelled.
   std::vector<PickledKey> key_spans;
   /// Where each FRAME opcode (protocol 4 and later) starts.
@@ -59,18 +65,30 @@ struct PickledStateDict {
 const std::vector<std::string>& usual_state_dict_entries();
 
 /// Runs the pickle at `data[0, size)` of a `torch.save`d checkpoint and finds the state dict in
-/// it: at `entry` (dotted) when given, else the root or the first usual entry that is a dict of
-/// tensors. Throws `Error` (kMalformedInput) naming `path`, and the key where there is one.
+/// it: at `entry` (dotted) when given, else the root when it is a dict of tensors, the first
+/// usual entry that is one, or the root when it nests dicts of tensors. Dicts of tensors nested in
+/// the state dict (Megatron's) give keys joined with '.'. Throws `Error` naming `path`, and the
+/// key where there is one: kMalformedInput for damage, kUnsupported for what is not a state dict
+/// but has a way out (a pickled module, one rank's ShardedTensor or DTensor).
 PickledStateDict read_state_dict_pickle(const char* data, size_t size, const std::string& path,
                                         const std::string& entry = "");
+
+using KeyRenames = std::vector<std::pair<std::string, std::string>>;
 
 /// The pickle `data[0, pickled.end)` with the state dict's keys renamed (`renames`: old key ->
 /// new key) and every other byte as it was, so that a trainer's entries beside the state dict
 /// are kept without being executed. Frames are dropped (they are optional; their lengths would
-/// no longer hold). Throws `Error` (kMalformedInput) naming the key when a renamed key's string
-/// is referred to elsewhere in the pickle, where renaming it would change that too.
+/// no longer hold). Throws `Error` naming the key: kMalformedInput when a renamed key's string
+/// is referred to elsewhere in the pickle, where renaming it would change that too;
+/// kUnsupported when a renaming changes the nested dicts that hold the key.
 std::string rename_pickled_keys(const char* data, const PickledStateDict& pickled,
-                                const std::vector<std::pair<std::string, std::string>>& renames,
-                                const std::string& path);
+                                const KeyRenames& renames, const std::string& path);
+
+/// As above for several state dicts of one pickle (each read from the same `data`), each with
+/// its renames: a file's model and its EMA renamed in one pass.
+std::string rename_pickled_keys(
+    const char* data,
+    const std::vector<std::pair<const PickledStateDict*, const KeyRenames*>>& parts,
+    const std::string& path);
 
 }  // namespace wrapcert::detail
