@@ -11,13 +11,16 @@ Exit 0 when every case passes; the last line counts them."""
 import collections
 import json
 import os
+import shutil
 import sys
 import tempfile
 import traceback
 
 import torch
 
-from test_check_keys_training import prefixed, run, same, save_clean, trained, write_safetensors
+import dcp_standin
+from test_check_keys_training import (TOOL, prefixed, run, same, save_clean, trained,
+                                      write_safetensors)
 
 
 def hub_snapshot(d, files):
@@ -296,6 +299,153 @@ def case_megatron_folder_through_its_latest_iteration(d):
         f.write("12")
     out = run("check-keys", root, want=2)
     assert "names iteration 12, whose folder iter_0000012 is missing" in out, out
+
+
+def dcp_keys(folder):
+    return dcp_standin.load(folder)
+
+
+def case_distributed_checkpoint_sharded_by_fsdp_is_checked_and_fixed(d):
+    """FSDP's SHARDED_STATE_DICT saved with torch.distributed.checkpoint by two ranks, as
+    {"model": ..., "optim": ...}; the model's keys carry torch.compile's and FSDP's components."""
+    model, _ = trained()
+    clean = model.state_dict()
+    wrapped = prefixed(clean, "_orig_mod._fsdp_wrapped_module.")
+    src = os.path.join(d, "step_500")
+    dcp_standin.save({"model": wrapped, "optim": {"step": torch.tensor(3.0)}}, src, ranks=2)
+    out = run("check-keys", src, want=1)
+    assert "torch.distributed.checkpoint, state dict in entry 'model', .metadata and 2 .distcp " \
+        "files, 7 keys" in out, out
+    assert "other entries, not checked: optim" in out, out
+    assert "_orig_mod._fsdp_wrapped_module.embed.weight  (component 0: _orig_mod)" in out, out
+    ref = save_clean(d, model)
+    fixed = os.path.join(d, "fixed")
+    os.mkdir(fixed)
+    out = run("check-keys", src, "--against", ref, "--fix", fixed, want=1)
+    assert f"wrote {fixed}/.metadata" in out, out
+    back = dcp_keys(fixed)
+    assert sorted(back) == sorted(["model." + k for k in clean] + ["optim.step"]), sorted(back)
+    for k, v in clean.items():
+        assert torch.equal(back["model." + k], v), k
+    for name in os.listdir(src):  # every .distcp byte kept
+        if name.endswith(".distcp"):
+            assert open(os.path.join(src, name), "rb").read() == \
+                open(os.path.join(fixed, name), "rb").read(), name
+    run("check-keys", fixed, "--against", ref, want=0)
+    # The folder written holds a checkpoint now: a second fix into it is refused, nothing lost.
+    out = run("check-keys", src, "--against", ref, "--fix", fixed, want=73)
+    assert "exists" in out, out
+    # In place: only .metadata is replaced.
+    before = {n: open(os.path.join(src, n), "rb").read() for n in os.listdir(src)}
+    run("check-keys", src, "--against", ref, "--in-place", want=1)
+    for name, data in before.items():
+        if name != ".metadata":
+            assert open(os.path.join(src, name), "rb").read() == data, name
+    run("check-keys", os.path.join(src, ".metadata"), "--against", ref, want=0)
+    same(dict(sorted(dcp_keys(src).items())), dict(sorted(back.items())))
+
+
+def case_distributed_checkpoint_flat_from_one_process(d):
+    model, _ = trained()
+    src = os.path.join(d, "ckpt")
+    dcp_standin.save(prefixed(model.state_dict(), "module."), src, ranks=1)
+    ref = save_clean(d, model)
+    out = run("check-keys", src, "--against", ref, "--in-place", want=1)
+    assert "module.embed.weight -> embed.weight" in out, out
+    same(dict(sorted(dcp_keys(src).items())), dict(sorted(model.state_dict().items())))
+    # The 2.1/2.2 layout (TensorProperties from torch.distributed._shard) reads the same.
+    old = os.path.join(d, "old")
+    dcp_standin.save(model.state_dict(), old, ranks=3, legacy_properties=True)
+    run("check-keys", old, "--against", ref, want=0)
+
+
+def case_damaged_distributed_checkpoints_are_named_and_left_alone(d):
+    model, _ = trained()
+    ref = save_clean(d, model)
+    src = os.path.join(d, "ckpt")
+    dcp_standin.save(prefixed(model.state_dict(), "module."), src, ranks=2)
+    meta = os.path.join(src, ".metadata")
+    whole = open(meta, "rb").read()
+    with open(meta, "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    out = run("check-keys", src, "--against", ref, "--in-place", want=2)
+    assert ".metadata" in out and "at byte" in out, out
+    assert open(meta, "rb").read() == whole[:len(whole) // 2], "a damaged .metadata was written"
+    with open(meta, "wb") as f:
+        f.write(whole)
+    distcp = os.path.join(src, "__1_0.distcp")
+    data = open(distcp, "rb").read()
+    with open(distcp, "wb") as f:
+        f.write(data[:-10])
+    out = run("check-keys", src, "--against", ref, "--in-place", want=2)
+    assert "__1_0.distcp" in out and "shorter than the .metadata says" in out, out
+    assert open(meta, "rb").read() == whole
+    os.unlink(distcp)
+    out = run("check-keys", src, want=2)
+    assert "__1_0.distcp" in out and "missing" in out, out
+    # A .metadata naming what DCP never writes is refused by name, nothing of it run.
+    with open(meta, "wb") as f:
+        f.write(b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x8c\x04true\x94\x85R.")
+    out = run("check-keys", src, want=2)
+    assert "names 'os system'" in out, out
+    os.unlink(meta)
+    out = run("check-keys", src, want=2)
+    assert "without its .metadata" in out, out
+    out = run("check-keys", os.path.join(src, "__0_0.distcp"), want=3)
+    assert "name the folder" in out, out
+
+
+def killed_at_random(d, args, check, times=12):
+    """Runs wrapcert with `args` and kills it (SIGKILL) at random moments over its run time;
+    after each, `check()` must find the old or the new checkpoint, whole."""
+    import random
+    import subprocess
+    import time
+    rng = random.Random(7)
+    start = time.monotonic()
+    subprocess.run([TOOL, *args], capture_output=True, timeout=120)
+    took = time.monotonic() - start
+    for _ in range(times):
+        proc = subprocess.Popen([TOOL, *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0, took))
+        proc.kill()
+        proc.wait()
+        check()
+    leftovers = [n for n in os.listdir(d) if "wrapcert" in n or n.startswith(".tmp")]
+    assert not leftovers, leftovers
+
+
+def case_in_place_killed_at_random_leaves_a_checkpoint_that_loads(d):
+    model, _ = trained()
+    clean = model.state_dict()
+    ref = save_clean(d, model)
+    src = os.path.join(d, "dcp")
+    dcp_standin.save(prefixed(clean, "module."), src, ranks=2)
+    old_keys = sorted(dcp_keys(src))
+
+    def dcp_whole():
+        got = dcp_keys(src)
+        assert sorted(got) in (old_keys, sorted(clean)), sorted(got)
+
+    def restore_dcp():
+        dcp_standin.save(prefixed(clean, "module."), src + ".again", ranks=2)
+        os.replace(os.path.join(src + ".again", ".metadata"), os.path.join(src, ".metadata"))
+        shutil.rmtree(src + ".again")
+
+    for _ in range(2):
+        killed_at_random(src, ["check-keys", src, "--against", ref, "--in-place"], dcp_whole, 6)
+        restore_dcp()
+    ema = os.path.join(d, "last.pth")
+    saved = {"state_dict": prefixed(clean, "module."), "state_dict_ema": prefixed(clean, "module.")}
+    torch.save(saved, ema)
+
+    def ema_whole():
+        got = torch.load(ema)
+        assert list(got["state_dict"]) == list(got["state_dict_ema"]), "half renamed"
+        assert list(got["state_dict"]) in (list(saved["state_dict"]), list(clean)), got.keys()
+
+    killed_at_random(d, ["check-keys", ema, "--against", ref, "--in-place"], ema_whole)
 
 
 CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")]

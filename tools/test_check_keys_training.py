@@ -367,18 +367,6 @@ def case_complex_buffers_and_extra_state_pass_through(d):
     assert "safetensors" in out and "write torch.save" in out, out
 
 
-def case_distributed_checkpoint_is_refused_by_name(d):
-    dcp = os.path.join(d, "dcp")
-    os.mkdir(dcp)
-    with open(os.path.join(dcp, ".metadata"), "wb") as f:
-        pickle.dump({"state_dict_metadata": {}}, f)
-    torch.save(torch.zeros(4), os.path.join(dcp, "__0_0.distcp"))
-    out = run("check-keys", dcp, want=3)
-    assert "torch.distributed.checkpoint" in out and "dcp_to_torch_save" in out, out
-    out = run("check-keys", os.path.join(dcp, "__0_0.distcp"), want=3)
-    assert "name the folder" in out, out
-
-
 def case_compile_over_ddp_is_flagged_as_a_whole(d):
     model, _ = trained()
     path = os.path.join(d, "compiled.pt")

@@ -258,7 +258,9 @@ void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c)
   for (const auto& note : c.notes) std::cout << note << "\n";
   std::cout << "checkpoint: " << path << " (" << c.format;
   if (!c.entry.empty()) std::cout << ", state dict in entry '" << c.entry << "'";
-  if (c.sharded()) {
+  if (c.format == wrapcert::kDistributedCheckpointFormat) {
+    std::cout << ", .metadata and " << c.shards.size() << " .distcp files";
+  } else if (c.sharded()) {
     std::cout << ", " << c.shards.size() << " shards" << (c.index.empty() ? "" : " by its index");
   } else if (c.shards.size() == 1 && c.shards[0].file != path) {
     std::cout << ", " << c.shards[0].file;
@@ -418,7 +420,7 @@ int run_check_keys(const CheckKeysCli& o) {
   if (!listing.other_entries.empty()) {
     std::string entries;
     for (const auto& e : listing.other_entries) entries += " " + e;
-    if (wrapcert::format_for(outputs.back()) == wrapcert::CheckpointFormat::kTorchSave) {
+    if (wrapcert::format_for(outputs.back()) != wrapcert::CheckpointFormat::kSafetensors) {
       std::cout << "kept the entries beside the state dict, unchanged:" << entries << "\n";
     } else {
       std::cout << "safetensors holds tensors alone: the entries beside the state dict ("

@@ -4,6 +4,7 @@
 #include <wrapcert/io/detail/input_file.h>
 #include <wrapcert/io/detail/saved_identity.h>
 #include <wrapcert/io/detail/strict_json.h>
+#include <wrapcert/io/distributed_checkpoint.h>
 #include <wrapcert/io/safetensors.h>
 #include <wrapcert/io/torch_save.h>
 #include <wrapcert/state_dict.h>
@@ -332,12 +333,27 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   if (error) refuse(path, "cannot be listed: " + error.message());
   std::sort(entries.begin(), entries.end());
   if (dcp_metadata || !distcp.empty()) {
-    throw Error(ErrorCode::kUnsupported, "",
-                path + ": a torch.distributed.checkpoint folder (" +
-                    (dcp_metadata ? ".metadata and " : "") + std::to_string(distcp.size()) +
-                    " .distcp files), which wrapcert does not read; convert it with "
-                    "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, "
-                    "'model.pt') (PyTorch 2.2 and later) and check that file");
+    if (!dcp_metadata) {
+      throw detail::malformed_file(path, "a torch.distributed.checkpoint folder (" +
+                                             std::to_string(distcp.size()) +
+                                             " .distcp files) without its .metadata");
+    }
+    auto dcp = read_distributed_checkpoint(path, options.entry);
+    Checkpoint out;
+    out.format = kDistributedCheckpointFormat;
+    out.state = std::move(dcp.state);
+    out.entry = dcp.entry;
+    out.other_entries = std::move(dcp.other_entries);
+    out.index = dcp.metadata;
+    for (auto& [file, keys] : dcp.files) out.shards.push_back({file, std::move(keys)});
+    for (const auto& name : entries) {
+      const bool read = name == ".metadata" ||
+                        std::any_of(out.shards.begin(), out.shards.end(), [&](const auto& s) {
+                          return fs::path(s.file).filename() == name;
+                        });
+      if (!read) out.not_read.push_back(name);
+    }
+    return out;
   }
   std::sort(indexes.begin(), indexes.end());
   std::sort(shards.begin(), shards.end());
@@ -477,9 +493,24 @@ std::pair<std::string, CheckpointFormat> index_destination(const std::string& de
   return {(fs::path(destination) / name).string(), format};
 }
 
+/// Where a `torch.distributed.checkpoint` is written: the folder named, or the one of the
+/// `.metadata` named.
+std::string dcp_folder(const std::string& destination) {
+  if (names_a_folder(destination)) return destination;
+  if (fs::path(destination).filename() == ".metadata") {
+    const auto folder = fs::path(destination).parent_path();
+    return folder.empty() ? "." : folder.string();
+  }
+  refuse(destination, "is no folder: a torch.distributed.checkpoint is written to a folder");
+}
+
 void write_one(const std::string& path, CheckpointFormat format, const StateDict& state,
                const CheckpointWriteOptions& options,
                const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
+  if (format == CheckpointFormat::kDistributedCheckpoint) {
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": wrapcert writes a torch.distributed.checkpoint only as a fix of one");
+  }
   if (format == CheckpointFormat::kSafetensors) {
     save_safetensors(path, state, metadata,
                      options.tie_copies ? SafetensorsTies::kCopy : SafetensorsTies::kStoreOnce);
@@ -628,6 +659,11 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions&
   if (!S_ISREG(st.st_mode))
     refuse(path, "it is " + detail::describe_file_type(st.st_mode) + ", not a checkpoint file");
   if (is_index_name(path)) return read_index(path, options);
+  if (fs::path(path).filename() == ".metadata") {
+    return read_folder(
+        fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(),
+        options);
+  }
   if (ends_with(path, ".distcp")) {
     throw Error(ErrorCode::kUnsupported, "",
                 path +
@@ -654,6 +690,9 @@ std::vector<std::vector<std::string>> storage_ties(const StateDict& state) {
 }
 
 CheckpointFormat format_for(const std::string& destination) {
+  if (fs::path(destination).filename() == ".metadata" || ends_with(destination, ".distcp")) {
+    return CheckpointFormat::kDistributedCheckpoint;
+  }
   for (const char* ext : {".safetensors", ".safetensors.index.json"}) {
     if (ends_with(destination, ext)) return CheckpointFormat::kSafetensors;
   }
@@ -668,6 +707,19 @@ CheckpointFormat format_for(const std::string& destination) {
 
 std::vector<std::string> planned_files(const std::string& destination,
                                        const Checkpoint& checkpoint) {
+  if (checkpoint.format == kDistributedCheckpointFormat) {
+    const auto folder = dcp_folder(destination);
+    const auto source = fs::path(checkpoint.index).parent_path();
+    std::error_code error;
+    std::vector<std::string> out;
+    if (!fs::equivalent(folder, source.empty() ? "." : source, error)) {
+      for (const auto& shard : checkpoint.shards) {
+        out.push_back((fs::path(folder) / fs::path(shard.file).filename()).string());
+      }
+    }
+    out.push_back((fs::path(folder) / ".metadata").string());
+    return out;
+  }
   if (!checkpoint.sharded() || (!names_a_folder(destination) && !is_index_name(destination))) {
     if (names_a_folder(destination)) refuse(destination, "is a folder; name the file to write");
     if (is_index_name(destination)) {
@@ -722,6 +774,12 @@ void check_destination(const std::string& destination, const std::vector<std::st
 
 void write_checkpoint(const std::string& destination, const Checkpoint& checkpoint,
                       const CheckpointWriteOptions& options) {
+  if (checkpoint.format == kDistributedCheckpointFormat) {
+    throw Error(ErrorCode::kUnsupported, "",
+                destination +
+                    ": wrapcert writes a torch.distributed.checkpoint only as a fix of "
+                    "one (write_fixed_checkpoint)");
+  }
   const auto files = planned_files(destination, checkpoint);
   if (files.size() == 1) {
     write_one(destination, format_for(destination), checkpoint.state, options);
@@ -753,6 +811,16 @@ void write_fixed_checkpoint(const std::string& destination, const Checkpoint& so
                             const std::vector<std::pair<std::string, std::string>>& renames,
                             const std::vector<EntryRenames>& more,
                             const CheckpointWriteOptions& options) {
+  if (source.format == kDistributedCheckpointFormat) {
+    if (!more.empty()) {
+      throw Error(ErrorCode::kUnsupported, "", destination + ": one state dict at a time");
+    }
+    const auto folder = fs::path(source.index).parent_path();
+    write_renamed_distributed_checkpoint(folder.empty() ? "." : folder.string(),
+                                         dcp_folder(destination), source.entry, renames,
+                                         options.on_file);
+    return;
+  }
   const auto files = planned_files(destination, source);
   const bool one_file = files.size() == 1;
   const auto format =

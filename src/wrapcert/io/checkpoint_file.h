@@ -67,21 +67,26 @@ struct Checkpoint {
 /// per-rank model states. Symbolic links in a folder are followed where they stay within it or,
 /// for a snapshot of a Hugging Face cache (`models--org--name/snapshots/REV`), within that
 /// model's cache folder (its `blobs`); a link leading elsewhere, a loop or a link to nothing is
-/// kMalformedInput naming the link. A `torch.distributed.checkpoint` folder or `.distcp` file is
-/// refused by name (kUnsupported), with the way to convert it. Throws `Error` naming the file, and
-/// the key where there is one: kMalformedInput for a damaged file, an index whose `weight_map`
-/// misses a key of a shard or places it elsewhere, a key in two shards, or a shard named outside
-/// the index's folder; kInvalidArgument for a path that is missing or not a regular file or folder
-/// (FIFOs, devices and sockets are refused by type before any read).
+/// kMalformedInput naming the link. A `torch.distributed.checkpoint` folder (or its `.metadata`)
+/// is read by `read_distributed_checkpoint`: format "torch.distributed.checkpoint", `index` its
+/// `.metadata`, a shard per `.distcp` file; a `.distcp` file alone is kUnsupported. Throws `Error`
+/// naming the file, and the key where there is one: kMalformedInput for a damaged file, an index
+/// whose `weight_map` misses a key of a shard or places it elsewhere, a key in two shards, or a
+/// shard named outside the index's folder; kInvalidArgument for a path that is missing or not a
+/// regular file or folder (FIFOs, devices and sockets are refused by type before any read).
 Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
 /// Keys grouped by the data they share (one storage at the same offset, shape, strides and
 /// dtype, as `torch.save` keeps a tied weight): each group of two or more, in saved order.
 std::vector<std::vector<std::string>> storage_ties(const StateDict& state);
 
-enum class CheckpointFormat { kSafetensors, kTorchSave };
+/// `Checkpoint::format` of a `torch.distributed.checkpoint` folder.
+inline constexpr const char* kDistributedCheckpointFormat = "torch.distributed.checkpoint";
+
+enum class CheckpointFormat { kSafetensors, kTorchSave, kDistributedCheckpoint };
 /// The format a destination's name asks for: `.safetensors` (or `*.safetensors.index.json`);
-/// `.pt`, `.pth`, `.bin`, `.ckpt` (or `*.bin.index.json`, `*.pt.index.json`) for `torch.save`.
+/// `.pt`, `.pth`, `.bin`, `.ckpt` (or `*.bin.index.json`, `*.pt.index.json`) for `torch.save`;
+/// `.metadata` or `*.distcp` for a `torch.distributed.checkpoint` (written only as a fix of one).
 /// Throws `Error` (kInvalidArgument) naming the path for any other name.
 CheckpointFormat format_for(const std::string& destination);
 
