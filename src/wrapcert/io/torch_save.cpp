@@ -779,8 +779,10 @@ void rewrite_zip(detail::InputFile& file, const std::string& destination,
   const std::string path = file.path();
   ZipArchive archive(file);
   const auto pickle = archive.read_all("data.pkl");
-  auto [renamed, end] = renamed_pickle(pickle.data(), pickle.size(), path, entries);
-  renamed.append(pickle, end, std::string::npos);
+  // Not a structured binding: the lambda below captures it, which C++17 does not allow.
+  auto result = renamed_pickle(pickle.data(), pickle.size(), path, entries);
+  std::string& renamed = result.first;
+  renamed.append(pickle, result.second, std::string::npos);
   const auto names = archive.names();
   write_file_atomically(destination, [&](std::ostream& out) {
     ArchiveWriter writer(out);
@@ -810,11 +812,13 @@ void rewrite_legacy(detail::InputFile& file, const std::string& destination,
   const std::string& path = file.path();
   const detail::MappedFile map(file);
   const size_t start = legacy_object_start(map, path);
-  const auto [renamed, end] = renamed_pickle(map.data() + start, map.size() - start, path, entries);
+  // Not a structured binding: the lambda below captures it, which C++17 does not allow.
+  const auto result = renamed_pickle(map.data() + start, map.size() - start, path, entries);
+  const std::string& renamed = result.first;
+  const size_t rest = start + result.second;
   write_file_atomically(destination, [&](std::ostream& out) {
     out.write(map.data(), static_cast<std::streamsize>(start));
     out.write(renamed.data(), static_cast<std::streamsize>(renamed.size()));
-    const size_t rest = start + end;
     out.write(map.data() + rest, static_cast<std::streamsize>(map.size() - rest));
   });
 }
