@@ -16,6 +16,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev libpugixml-dev
   libzip-dev zipcmp zipmerge ziptool  # libzip's CMake package names its three tools
+  libarchive-dev  # NeMo's .nemo archives (tar, tar.gz)
   clang libclang-rt-14-dev clang-tidy
 )
 

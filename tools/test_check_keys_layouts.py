@@ -9,18 +9,20 @@ here), checked, fixed, and the fixed output loaded with the tool's own loader wh
 
 Exit 0 when every case passes; the last line counts them."""
 import collections
+import io
 import json
 import os
 import shutil
 import sys
+import tarfile
 import tempfile
 import traceback
 
 import torch
 
 import dcp_standin
-from test_check_keys_training import (TOOL, prefixed, run, same, save_clean, trained,
-                                      write_safetensors)
+from test_check_keys_training import (TOOL, prefixed, read_safetensors_plain, run, same,
+                                      save_clean, trained, write_safetensors)
 
 
 def hub_snapshot(d, files):
@@ -395,6 +397,224 @@ def case_damaged_distributed_checkpoints_are_named_and_left_alone(d):
     assert "name the folder" in out, out
 
 
+def nemo_archive(d, state, name, gz=False, ranks=0):
+    """A .nemo as NeMo's SaveRestoreConnector writes it: its model_config.yaml, the weights
+    (torch.save of the state dict) as model_weights.ckpt, one per rank under mp_rank_NN/ with
+    model parallelism, and tokenizer files, tarred from a folder as "." ("w:"; NeMo before 1.7
+    gzipped it, "w:gz")."""
+    src = os.path.join(d, name + ".src")
+    os.makedirs(src)
+    with open(os.path.join(src, "model_config.yaml"), "w") as f:
+        f.write("target: nemo.collections.nlp.models.TinyModel\ntokenizer:\n  model: a.model\n")
+    with open(os.path.join(src, "3f2a_tokenizer.model"), "wb") as f:
+        f.write(bytes(range(256)) * 3)
+    if ranks:
+        for r in range(ranks):
+            os.makedirs(os.path.join(src, f"mp_rank_{r:02d}"))
+            torch.save(state, os.path.join(src, f"mp_rank_{r:02d}", "model_weights.ckpt"))
+    else:
+        torch.save(state, os.path.join(src, "model_weights.ckpt"))
+    path = os.path.join(d, name)
+    with tarfile.open(path, "w:gz" if gz else "w:") as tar:
+        tar.add(src, arcname=".")
+    shutil.rmtree(src)
+    return path
+
+
+def nemo_members(path):
+    """Every member of the archive: name -> (type, data), as tarfile reads them."""
+    with tarfile.open(path, "r:*") as tar:
+        return {m.name: (m.type, tar.extractfile(m).read() if m.isfile() else None)
+                for m in tar.getmembers()}
+
+
+def nemo_weights(path, member="./model_weights.ckpt"):
+    """The weights as NeMo restores them: the member extracted, then torch.load."""
+    with tarfile.open(path, "r:*") as tar:
+        return torch.load(io.BytesIO(tar.extractfile(member).read()))
+
+
+def case_nemo_archives_are_read_and_fixed_with_every_member_kept(d):
+    model, _ = trained()
+    clean = model.state_dict()
+    ref = save_clean(d, model)
+    for gz in (False, True):
+        path = nemo_archive(d, prefixed(clean, "_orig_mod."), f"m{int(gz)}.nemo", gz)
+        out = run("check-keys", path, "--against", ref, want=1)
+        assert "member ./model_weights.ckpt of the archive" in out, out
+        assert "not checked: 3f2a_tokenizer.model model_config.yaml" in out, out
+        assert "_orig_mod.embed.weight -> embed.weight" in out, out
+        fixed = os.path.join(d, f"fixed{int(gz)}.nemo")
+        out = run("check-keys", path, "--against", ref, "--fix", fixed, want=1)
+        assert "kept every other member of the archive as it was (2)" in out, out
+        same(nemo_weights(fixed), clean)
+        before, after = nemo_members(path), nemo_members(fixed)
+        assert list(before) == list(after), (list(before), list(after))
+        for name, (kind, data) in before.items():
+            if name != "./model_weights.ckpt":
+                assert after[name] == (kind, data), name
+        with open(fixed, "rb") as f:
+            assert (f.read(2) == b"\x1f\x8b") == gz, "compression changed"
+        run("check-keys", fixed, "--against", ref, want=0)
+        plain = os.path.join(d, f"weights{int(gz)}.pt")
+        out = run("check-keys", path, "--against", ref, "--fix", plain, want=1)
+        assert "stay in " + path in out, out
+        same(torch.load(plain), clean)
+        run("check-keys", path, "--against", ref, "--in-place", want=1)
+        same(nemo_weights(path), clean)
+        assert not [n for n in os.listdir(d) if "wrapcert" in n], os.listdir(d)
+    # Model parallel: one file per rank; a fix of the first alone is refused.
+    path = nemo_archive(d, prefixed(clean, "module."), "tp.nemo", ranks=2)
+    whole = open(path, "rb").read()
+    out = run("check-keys", path, "--against", ref, want=1)
+    assert "member ./mp_rank_00/model_weights.ckpt" in out, out
+    assert "mp_rank_01/model_weights.ckpt" in out, out
+    out = run("check-keys", path, "--against", ref, "--in-place", want=3)
+    assert "the first of 2 ranks" in out and "nothing written" in out, out
+    assert open(path, "rb").read() == whole
+    # A .nemo name is written only as the fix of an archive.
+    out = run("check-keys", ref, "--against", ref, "--fix", os.path.join(d, "x.nemo"), want=73)
+    assert "only as the fix of one" in out, out
+
+
+def tar_with(path, members, mode="w:"):
+    """A tar of `members`: (name, bytes) for files, (name, "->target") for symbolic links."""
+    with tarfile.open(path, mode) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def case_damaged_and_hostile_archives_are_named_and_left_alone(d):
+    model, _ = trained()
+    ref = save_clean(d, model)
+    buf = io.BytesIO()
+    torch.save(prefixed(model.state_dict(), "module."), buf)
+    weights = buf.getvalue()
+    cases = [
+        ("outside.nemo", [("./model_weights.ckpt", weights), ("../escape.txt", b"x")],
+         "'../escape.txt'", "outside the archive's folder"),
+        ("absolute.nemo", [("/etc/cron.d/x", b"x"), ("./model_weights.ckpt", weights)],
+         "'/etc/cron.d/x'", "outside the archive's folder"),
+        ("link.nemo", [("./model_weights.ckpt", weights), ("./cfg", "->../../etc/passwd")],
+         "'./cfg'", "leads outside"),
+        ("twice.nemo", [("./model_weights.ckpt", weights), ("model_weights.ckpt", weights)],
+         "model_weights.ckpt", "stored twice"),
+    ]
+    for name, members, who, what in cases:
+        path = os.path.join(d, name)
+        tar_with(path, members)
+        whole = open(path, "rb").read()
+        out = run("check-keys", path, "--against", ref, "--in-place", want=2)
+        assert who in out and what in out and "byte" in out, out
+        assert open(path, "rb").read() == whole
+    for mode, name in (("w:", "cut.nemo"), ("w:gz", "cut.tar.gz")):
+        path = os.path.join(d, name)
+        tar_with(path, [("./model_config.yaml", b"a: 1\n"), ("./model_weights.ckpt", weights)],
+                 mode)
+        with open(path, "rb") as f:
+            whole = f.read()
+        # Cut inside the weights (their header at byte 1024 of the tar stream); gzipped, inside
+        # the compressed stream.
+        cut = whole[:1536 + len(weights) // 2] if mode == "w:" else whole[:len(whole) // 2]
+        with open(path, "wb") as f:
+            f.write(cut)
+        out = run("check-keys", path, "--against", ref, "--in-place", want=2)
+        assert "damaged" in out and path in out, out
+        assert open(path, "rb").read() == cut
+    path = os.path.join(d, "config-only.nemo")
+    tar_with(path, [("./model_config.yaml", b"a: 1\n")])
+    out = run("check-keys", path, want=3)
+    assert "no model_weights.ckpt" in out and "model_config.yaml" in out, out
+    # Weights that are damaged inside the archive are named as its member.
+    path = os.path.join(d, "bad-weights.nemo")
+    tar_with(path, [("./model_weights.ckpt", weights[:100])])
+    out = run("check-keys", path, want=2)
+    assert path + " (member ./model_weights.ckpt)" in out and "/proc/self" not in out, out
+
+
+def diffusers_pipeline(d, name, unet, text_encoder, vae):
+    """A pipeline folder as diffusers' save_pretrained writes it: model_index.json naming each
+    component, a folder per component (weights in safetensors, or transformers' .bin for the
+    text encoder), the scheduler and tokenizer folders with no weights."""
+    root = os.path.join(d, name)
+    index = {"_class_name": "StableDiffusionPipeline", "_diffusers_version": "0.21.0",
+             "feature_extractor": [None, None], "safety_checker": [None, None],
+             "scheduler": ["diffusers", "PNDMScheduler"],
+             "text_encoder": ["transformers", "CLIPTextModel"],
+             "tokenizer": ["transformers", "CLIPTokenizer"],
+             "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    for sub in ("scheduler", "text_encoder", "tokenizer", "unet", "vae"):
+        os.makedirs(os.path.join(root, sub))
+    with open(os.path.join(root, "model_index.json"), "w") as f:
+        json.dump(index, f)
+    for sub, files in {"scheduler": ["scheduler_config.json"], "tokenizer": ["vocab.json"],
+                       "unet": ["config.json"], "vae": ["config.json"],
+                       "text_encoder": ["config.json"]}.items():
+        for file in files:
+            with open(os.path.join(root, sub, file), "w") as f:
+                f.write("{}")
+    write_safetensors(os.path.join(root, "unet", "diffusion_pytorch_model.safetensors"), unet,
+                      {"format": "pt"})
+    write_safetensors(os.path.join(root, "vae", "diffusion_pytorch_model.safetensors"), vae,
+                      {"format": "pt"})
+    torch.save(text_encoder, os.path.join(root, "text_encoder", "pytorch_model.bin"))
+    return root
+
+
+def case_diffusers_pipeline_checks_each_component(d):
+    model, _ = trained()
+    clean = model.state_dict()
+    vae = collections.OrderedDict((k, v * 2) for k, v in clean.items() if "block" in k)
+    ref = diffusers_pipeline(d, "ref", clean, clean, vae)
+    # A training script that saved its torch.compile'd UNet and its DDP-wrapped text encoder.
+    pipe = diffusers_pipeline(d, "pipe", prefixed(clean, "_orig_mod."), prefixed(clean, "module."),
+                              vae)
+    out = run("check-keys", pipe, want=1)
+    assert "diffusers pipeline: " + pipe + " (3 models with weights: text_encoder unet vae)" in out
+    assert "not checked: model_index.json scheduler/ tokenizer/" in out, out
+    assert "component unet:" in out and "component vae:" in out, out
+    out = run("check-keys", pipe, "--against", ref, want=1)
+    assert "module.embed.weight -> embed.weight" in out, out
+    assert "_orig_mod.embed.weight -> embed.weight" in out, out
+    out = run("check-keys", pipe, "--fixture", "gemma-2b", want=64)
+    assert "check one component by its folder" in out, out
+    out = run("check-keys", pipe, "--against", ref, "--fix", os.path.join(d, "out"), want=64)
+    assert "--in-place" in out, out
+    out = run("check-keys", pipe, "--against", os.path.join(ref, "unet"), want=64)
+    assert "against another pipeline" in out, out
+    vae_before = open(os.path.join(pipe, "vae", "diffusion_pytorch_model.safetensors"), "rb").read()
+    run("check-keys", pipe, "--against", ref, "--in-place", want=1)
+    run("check-keys", pipe, "--against", ref, want=0)
+    unet, _ = read_safetensors_plain(os.path.join(pipe, "unet", "diffusion_pytorch_model.safetensors"))
+    same(dict(unet), dict(clean))
+    same(torch.load(os.path.join(pipe, "text_encoder", "pytorch_model.bin")), clean)
+    assert open(os.path.join(pipe, "vae", "diffusion_pytorch_model.safetensors"), "rb").read() \
+        == vae_before
+    # A component the reference has and the pipeline lacks, and one the index names but that
+    # is not there.
+    shutil.rmtree(os.path.join(ref, "vae"))
+    shutil.copytree(os.path.join(pipe, "vae"), os.path.join(ref, "vae"))
+    with open(os.path.join(pipe, "model_index.json")) as f:
+        index = json.load(f)
+    del index["vae"]
+    with open(os.path.join(pipe, "model_index.json"), "w") as f:
+        json.dump(index, f)
+    out = run("check-keys", pipe, "--against", ref, want=2)
+    assert "component vae: missing" in out, out
+    index["vae"] = ["diffusers", "AutoencoderKL"]
+    shutil.rmtree(os.path.join(pipe, "vae"))
+    with open(os.path.join(pipe, "model_index.json"), "w") as f:
+        json.dump(index, f)
+    out = run("check-keys", pipe, want=2)
+    assert "'vae'" in out and "no folder" in out, out
+
+
 def killed_at_random(d, args, check, times=12):
     """Runs wrapcert with `args` and kills it (SIGKILL) at random moments over its run time;
     after each, `check()` must find the old or the new checkpoint, whole."""
@@ -446,6 +666,14 @@ def case_in_place_killed_at_random_leaves_a_checkpoint_that_loads(d):
         assert list(got["state_dict"]) in (list(saved["state_dict"]), list(clean)), got.keys()
 
     killed_at_random(d, ["check-keys", ema, "--against", ref, "--in-place"], ema_whole)
+    nemo = nemo_archive(d, prefixed(clean, "module."), "model.nemo", gz=True)
+    old_nemo = list(prefixed(clean, "module."))
+
+    def nemo_whole():
+        assert list(nemo_weights(nemo)) in (old_nemo, list(clean))
+        assert len(nemo_members(nemo)) == 4
+
+    killed_at_random(d, ["check-keys", nemo, "--against", ref, "--in-place"], nemo_whole, 8)
 
 
 CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")]

@@ -258,7 +258,9 @@ void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c)
   for (const auto& note : c.notes) std::cout << note << "\n";
   std::cout << "checkpoint: " << path << " (" << c.format;
   if (!c.entry.empty()) std::cout << ", state dict in entry '" << c.entry << "'";
-  if (c.format == wrapcert::kDistributedCheckpointFormat) {
+  if (!c.archive.empty()) {
+    std::cout << ", member " << c.archive_member << " of the archive";
+  } else if (c.format == wrapcert::kDistributedCheckpointFormat) {
     std::cout << ", .metadata and " << c.shards.size() << " .distcp files";
   } else if (c.sharded()) {
     std::cout << ", " << c.shards.size() << " shards" << (c.index.empty() ? "" : " by its index");
@@ -295,6 +297,79 @@ bool names_a_folder(const std::string& path) {
   return !path.empty() && (path.back() == '/' || std::filesystem::is_directory(path));
 }
 
+int run_check_keys(const CheckKeysCli& o);
+
+/// A diffusers pipeline: each component with weights checked as its own checkpoint (against the
+/// same component of a reference pipeline), fixed in place one by one; the worst verdict.
+int run_check_pipeline(const CheckKeysCli& o, const wrapcert::Pipeline& pipeline) {
+  if (!o.fixture.empty() || !o.listing.empty()) {
+    throw CLI::ValidationError(
+        o.fixture.empty() ? "--keys" : "--fixture",
+        "a pipeline holds several models: check it --against another "
+        "pipeline, or check one component by its folder (" +
+            (std::filesystem::path(o.file) /
+             (pipeline.components.empty() ? "unet" : pipeline.components.front()))
+                .string() +
+            ")");
+  }
+  if (o.fix_given) {
+    throw CLI::ValidationError("--fix",
+                               "a pipeline is fixed --in-place, component by component (on a "
+                               "copy: cp -rL PIPELINE COPY), or one component by its folder");
+  }
+  std::optional<wrapcert::Pipeline> reference;
+  if (!o.against.empty()) {
+    if (const int code = guarded(kExitNoInput,
+                                 [&] {
+                                   if (names_a_folder(o.against))
+                                     reference = wrapcert::read_pipeline(o.against);
+                                 });
+        code >= 0) {
+      return code;
+    }
+    if (!reference) {
+      throw CLI::ValidationError("--against",
+                                 "a pipeline is checked against another pipeline (a folder "
+                                 "with model_index.json), component by component");
+    }
+  }
+  std::cout << "diffusers pipeline: " << o.file << " (" << pipeline.components.size()
+            << " models with weights:";
+  for (const auto& c : pipeline.components) std::cout << " " << c;
+  std::cout << ")\n";
+  if (!pipeline.not_read.empty()) {
+    std::cout << "entries without weights, not checked:";
+    for (const auto& e : pipeline.not_read) std::cout << " " << e;
+    std::cout << "\n";
+  }
+  int verdict = 0;
+  if (reference) {
+    for (const auto& c : reference->components) {
+      if (std::find(pipeline.components.begin(), pipeline.components.end(), c) ==
+          pipeline.components.end()) {
+        std::cout << "component " << c << ": missing (the reference pipeline has it)\n";
+        verdict = std::max(verdict, kExitBroken);
+      }
+    }
+  }
+  for (const auto& c : pipeline.components) {
+    std::cout << "\ncomponent " << c << ":\n";
+    CheckKeysCli one = o;
+    one.file = (std::filesystem::path(o.file) / c).string();
+    if (reference) {
+      if (std::find(reference->components.begin(), reference->components.end(), c) ==
+          reference->components.end()) {
+        std::cout << "not in the reference pipeline " << o.against << "\n";
+        verdict = std::max(verdict, kExitBroken);
+        continue;
+      }
+      one.against = (std::filesystem::path(o.against) / c).string();
+    }
+    verdict = std::max(verdict, run_check_keys(one));
+  }
+  return verdict;
+}
+
 /// 0 clean (with --fix: copied or converted), 1 fixable (with --fix: fixed) or wrapper
 /// components found, 2 broken or damaged, 3 not readable by wrapcert, 66 an input that cannot
 /// be read, 73 an output that cannot be written.
@@ -309,6 +384,14 @@ int run_check_keys(const CheckKeysCli& o) {
   }
   if (o.in_place && o.fix_given && o.fix != o.file) {
     throw CLI::ValidationError("--in-place", "writes over the checked file; drop --fix or name it");
+  }
+  if (names_a_folder(o.file)) {
+    std::optional<wrapcert::Pipeline> pipeline;
+    if (const int code = guarded(kExitNoInput, [&] { pipeline = wrapcert::read_pipeline(o.file); });
+        code >= 0) {
+      return code;
+    }
+    if (pipeline) return run_check_pipeline(o, *pipeline);
   }
   // The destination is checked before anything is read.
   if (o.fix_given && !names_a_folder(o.fix)) {
@@ -417,6 +500,14 @@ int run_check_keys(const CheckKeysCli& o) {
                  "asked for\n";
   }
   for (const auto& out : outputs) std::cout << "wrote " << out << "\n";
+  if (!listing.archive.empty() &&
+      wrapcert::format_for(outputs.back()) == wrapcert::CheckpointFormat::kArchive) {
+    std::cout << "kept every other member of the archive as it was (" << listing.not_read.size()
+              << ")\n";
+  } else if (!listing.archive.empty()) {
+    std::cout << "the archive's other members (" << listing.not_read.size() << ") stay in "
+              << o.file << "\n";
+  }
   if (!listing.other_entries.empty()) {
     std::string entries;
     for (const auto& e : listing.other_entries) entries += " " + e;

@@ -4,6 +4,7 @@
 #include <wrapcert/io/detail/input_file.h>
 #include <wrapcert/io/detail/saved_identity.h>
 #include <wrapcert/io/detail/strict_json.h>
+#include <wrapcert/io/detail/tar_archive.h>
 #include <wrapcert/io/distributed_checkpoint.h>
 #include <wrapcert/io/safetensors.h>
 #include <wrapcert/io/torch_save.h>
@@ -19,8 +20,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -40,15 +43,26 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 constexpr uint64_t kMaxIndex = uint64_t{100} * 1024 * 1024;
 
-/// One file, by its content: safetensors starts with a header length and '{'.
-Checkpoint read_file(const std::string& path, const CheckpointReadOptions& options) {
+Checkpoint read_archive(const std::string& path, const CheckpointReadOptions& options);
+
+/// One file, by its content: safetensors starts with a header length and '{', a tar archive
+/// has "ustar" at byte 257 (gzipped: the gzip magic).
+Checkpoint read_file(const std::string& path, const CheckpointReadOptions& options,
+                     bool archives = true) {
   Checkpoint out;
   bool safetensors = false;
+  bool torch_save = false;
   {
     const detail::InputFile in(path);
-    char head[9] = {};
+    unsigned char head[9] = {};
     if (in.size() >= 9) in.read_at(0, head, 9);
     safetensors = in.size() >= 9 && head[8] == '{';
+    // torch.save's zip and legacy formats by their first bytes, before a tar's magic is looked
+    // for further in (a key's bytes could spell it).
+    torch_save = (head[0] == 'P' && head[1] == 'K') || head[0] == 0x80;
+  }
+  if (archives && !safetensors && !torch_save && detail::looks_like_tar(path)) {
+    return read_archive(path, options);
   }
   if (safetensors) {
     if (!options.entry.empty()) {
@@ -66,6 +80,95 @@ Checkpoint read_file(const std::string& path, const CheckpointReadOptions& optio
     out.more_state_dicts = std::move(saved.more_state_dicts);
   }
   out.shards.push_back({path, keys(out.state)});
+  return out;
+}
+
+/// NeMo's `.nemo`: a tar archive holding `model_weights.ckpt` (a `torch.save` state dict) beside
+/// its configuration and tokenizer files; with model parallelism one per rank (`mp_rank_00/`,
+/// `tp_rank_00_pp_rank_000/`). The member is copied out to a scratch folder and read there.
+Checkpoint read_archive(const std::string& path, const CheckpointReadOptions& options) {
+  const auto tar = detail::list_tar(path);
+  std::vector<const detail::TarMember*> weights;
+  std::set<std::string> names;
+  bool distributed = false;
+  for (const auto& m : tar.members) {
+    names.insert(m.path);
+    const auto file = fs::path(m.path).filename().string();
+    if (file == "model_weights.ckpt" && m.regular) weights.push_back(&m);
+    if (file == ".metadata" || ends_with(file, ".distcp")) distributed = true;
+  }
+  if (weights.empty()) {
+    if (names.count("pickle") && names.count("storages")) {
+      throw Error(ErrorCode::kUnsupported, "",
+                  path +
+                      ": the tar torch.save format of PyTorch before 0.4, which wrapcert does not "
+                      "read; load it in Python and save it again");
+    }
+    if (distributed) {
+      throw Error(ErrorCode::kUnsupported, "",
+                  path +
+                      ": a tar archive holding a torch.distributed.checkpoint folder (NeMo 2's "
+                      "model_weights/), which wrapcert reads as a folder: extract the archive "
+                      "(tar -xf) and name that folder");
+    }
+    std::string listed;
+    size_t shown = 0;
+    for (const auto& m : tar.members) {
+      if (!m.regular) continue;
+      if (++shown > 8) {
+        listed += " ...";
+        break;
+      }
+      listed += " " + m.path;
+    }
+    throw Error(ErrorCode::kUnsupported, "",
+                path +
+                    ": a tar archive with no model_weights.ckpt (where NeMo keeps its "
+                    "weights); its files:" +
+                    listed);
+  }
+  // The root's weights, else the first rank's by name.
+  std::stable_sort(weights.begin(), weights.end(), [](const auto* a, const auto* b) {
+    const bool ra = a->path == "model_weights.ckpt";
+    const bool rb = b->path == "model_weights.ckpt";
+    return ra != rb ? ra : a->path < b->path;
+  });
+  const detail::TarMember& chosen = *weights.front();
+  auto scratch = std::make_shared<detail::UnnamedFile>();
+  const std::string copy = scratch->path();
+  {
+    std::ofstream out(copy, std::ios::binary | std::ios::trunc);
+    detail::extract_tar_member(path, chosen.name, out);
+    out.close();
+    if (!out) {
+      throw Error(ErrorCode::kInvalidArgument, path,
+                  "cannot copy " + chosen.name + " out of " + path + " to a scratch file");
+    }
+  }
+  Checkpoint out;
+  try {
+    out = read_file(copy, options, /*archives=*/false);
+  } catch (const Error& e) {
+    // Named as the member of the archive, not as its scratch copy.
+    std::string what = e.what();
+    const std::string prefix = Error(e.code(), e.key_path(), "").what();
+    if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
+    for (auto at = what.find(copy); at != std::string::npos; at = what.find(copy)) {
+      what.replace(at, copy.size(), path + " (member " + chosen.name + ")");
+    }
+    throw Error(e.code(), e.key_path(), what);
+  }
+  out.archive = path;
+  out.archive_member = chosen.name;
+  out.scratch = scratch;
+  if (weights.size() > 1 && chosen.path != "model_weights.ckpt") {
+    out.partial = "the first of " + std::to_string(weights.size()) + " ranks (" + chosen.path + ")";
+  }
+  for (const auto& m : tar.members) {
+    if (&m == &chosen || m.folder) continue;
+    out.not_read.push_back(m.path);
+  }
+  std::sort(out.not_read.begin(), out.not_read.end());
   return out;
 }
 
@@ -302,6 +405,13 @@ Checkpoint descend(const std::string& path, const std::string& sub, const std::s
 }
 
 Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& options) {
+  if (const auto pipeline = read_pipeline(path)) {
+    std::string names;
+    for (const auto& c : pipeline->components) names += " " + (fs::path(path) / c).string();
+    throw Error(ErrorCode::kUnsupported, "",
+                path + ": a diffusers pipeline of " + std::to_string(pipeline->components.size()) +
+                    " models, each its own checkpoint; read each:" + names);
+  }
   if (const auto step = deepspeed_latest(path); !step.empty()) {
     return descend(path, step, "latest", "followed DeepSpeed's 'latest' to " + step, options);
   }
@@ -615,6 +725,7 @@ std::pair<std::vector<std::pair<std::string, size_t>>, uint64_t> placement(
 }  // namespace
 
 std::vector<std::string> Checkpoint::files() const {
+  if (!archive.empty()) return {archive};
   std::vector<std::string> out;
   if (!index.empty()) out.push_back(index);
   for (const auto& s : shards) out.push_back(s.file);
@@ -673,6 +784,64 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions&
   return read_file(path, options);
 }
 
+std::optional<Pipeline> read_pipeline(const std::string& folder) {
+  const auto index_path = fs::path(folder) / "model_index.json";
+  const auto root = link_root(folder);
+  if (entry_kind(index_path, root) != EntryKind::kFile) return std::nullopt;
+  std::string text;
+  {
+    const detail::InputFile in(index_path.string());
+    if (in.size() > kMaxIndex) {
+      throw detail::malformed_file(index_path.string(), "larger than 100 MiB");
+    }
+    text.resize(in.size());
+    in.read_at(0, text.data(), text.size());
+  }
+  const auto index = detail::parse_json_strictly(text, index_path.string(), "the pipeline index");
+  if (!index.is_object()) {
+    throw detail::malformed_file(index_path.string(), "not a JSON object");
+  }
+  Pipeline out;
+  std::set<std::string> named;
+  for (const auto& [name, value] : index.items()) {
+    // A component is ["library", "Class"]; ["null", null] or [null, null] is one left out
+    // (a pipeline saved without its safety checker); keys starting with '_' are the pipeline's.
+    if (name.empty() || name.front() == '_' || !value.is_array() || value.size() != 2 ||
+        !value[0].is_string() || !value[1].is_string()) {
+      continue;
+    }
+    if (name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos) {
+      throw detail::malformed_file(index_path.string(),
+                                   "the component '" + name + "' is not a folder name", name);
+    }
+    named.insert(name + "/");
+    const auto sub = fs::path(folder) / name;
+    if (entry_kind(sub, root) != EntryKind::kFolder) {
+      throw detail::malformed_file(index_path.string(),
+                                   "names the component '" + name + "' (" +
+                                       value[1].get<std::string>() + "), but " + sub.string() +
+                                       " is no folder",
+                                   name);
+    }
+    bool weights = false;
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(sub, error)) {
+      const auto file = entry.path().filename().string();
+      if (is_shard_name(file) || is_index_name(file) || file == ".metadata") weights = true;
+    }
+    (weights ? out.components : out.not_read).push_back(weights ? name : name + "/");
+  }
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(folder, error)) {
+    auto name = entry.path().filename().string();
+    if (entry_kind(entry.path(), root) == EntryKind::kFolder) name += "/";
+    if (!named.count(name)) out.not_read.push_back(name);
+  }
+  std::sort(out.not_read.begin(), out.not_read.end());
+  return out;
+}
+
 std::vector<std::vector<std::string>> storage_ties(const StateDict& state) {
   std::map<detail::SavedIdentity, std::vector<std::string>> groups;
   std::vector<const std::vector<std::string>*> order;
@@ -696,13 +865,16 @@ CheckpointFormat format_for(const std::string& destination) {
   for (const char* ext : {".safetensors", ".safetensors.index.json"}) {
     if (ends_with(destination, ext)) return CheckpointFormat::kSafetensors;
   }
+  for (const char* ext : {".nemo", ".tar", ".tar.gz", ".tgz"}) {
+    if (ends_with(destination, ext)) return CheckpointFormat::kArchive;
+  }
   for (const char* ext : {".pt", ".pth", ".bin", ".ckpt", ".bin.index.json", ".pt.index.json"}) {
     if (ends_with(destination, ext)) return CheckpointFormat::kTorchSave;
   }
   refuse(destination,
          "has no checkpoint extension: name it *.safetensors, or *.pt, *.pth, *.bin or *.ckpt "
          "for torch.save (a sharded checkpoint: *.safetensors.index.json, *.bin.index.json or a "
-         "folder)");
+         "folder; an archive: *.nemo, *.tar, *.tar.gz)");
 }
 
 std::vector<std::string> planned_files(const std::string& destination,
@@ -719,6 +891,10 @@ std::vector<std::string> planned_files(const std::string& destination,
     }
     out.push_back((fs::path(folder) / ".metadata").string());
     return out;
+  }
+  if (!names_a_folder(destination) && !is_index_name(destination) &&
+      format_for(destination) == CheckpointFormat::kArchive && checkpoint.archive.empty()) {
+    refuse(destination, "names an archive, which wrapcert writes only as the fix of one");
   }
   if (!checkpoint.sharded() || (!names_a_folder(destination) && !is_index_name(destination))) {
     if (names_a_folder(destination)) refuse(destination, "is a folder; name the file to write");
@@ -822,6 +998,22 @@ void write_fixed_checkpoint(const std::string& destination, const Checkpoint& so
     return;
   }
   const auto files = planned_files(destination, source);
+  if (!source.archive.empty() && format_for(destination) == CheckpointFormat::kArchive) {
+    if (source.format == "safetensors") {
+      throw Error(ErrorCode::kUnsupported, "",
+                  destination + ": the archive's weights are safetensors; write *.safetensors");
+    }
+    std::vector<EntryRenames> all = {{source.entry, renames}};
+    all.insert(all.end(), more.begin(), more.end());
+    const detail::ScratchFolder scratch;
+    const auto fixed = scratch.path() + "/model_weights.ckpt";
+    rewrite_torch_save(source.shards.front().file, fixed, all);
+    write_file_atomically(destination, [&](std::ostream& out) {
+      detail::rewrite_tar_member(source.archive, source.archive_member, fixed, out);
+    });
+    if (options.on_file) options.on_file(destination);
+    return;
+  }
   const bool one_file = files.size() == 1;
   const auto format =
       one_file ? format_for(destination) : index_destination(destination, source).second;

@@ -12,6 +12,8 @@
 #include <wrapcert/view.h>
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +56,16 @@ struct Checkpoint {
   /// 2 ranks"): a fix would leave the other ranks' files as they are. "" when all was read.
   std::string partial;
 
+  /// A checkpoint read from inside a tar archive (NeMo's `.nemo`): the archive's path and the
+  /// member read, as stored ("./model_weights.ckpt"); the one shard is then that member's copy
+  /// in an unnamed scratch file of this process ("/proc/self/fd/N"), gone with the last copy of
+  /// this `Checkpoint` (or the process, however it ends).
+  std::string archive;
+  std::string archive_member;
+  std::shared_ptr<const void> scratch;
+
   bool sharded() const { return !index.empty() || shards.size() > 1; }
-  /// The files read: the index (if any) and every shard.
+  /// The files read: the index (if any) and every shard; for an archive, the archive.
   std::vector<std::string> files() const;
 };
 
@@ -67,7 +77,11 @@ struct Checkpoint {
 /// per-rank model states. Symbolic links in a folder are followed where they stay within it or,
 /// for a snapshot of a Hugging Face cache (`models--org--name/snapshots/REV`), within that
 /// model's cache folder (its `blobs`); a link leading elsewhere, a loop or a link to nothing is
-/// kMalformedInput naming the link. A `torch.distributed.checkpoint` folder (or its `.metadata`)
+/// kMalformedInput naming the link. A tar archive, plain or gzipped (NeMo's `.nemo`, by its
+/// content), is listed with every member's name checked and its `model_weights.ckpt` read (at
+/// its root, else the first rank's, `mp_rank_00/`), every other member in `not_read`; a member
+/// outside the archive's folder is kMalformedInput naming it and its header's byte. A
+/// `torch.distributed.checkpoint` folder (or its `.metadata`)
 /// is read by `read_distributed_checkpoint`: format "torch.distributed.checkpoint", `index` its
 /// `.metadata`, a shard per `.distcp` file; a `.distcp` file alone is kUnsupported. Throws `Error`
 /// naming the file, and the key where there is one: kMalformedInput for a damaged file, an index
@@ -76,6 +90,23 @@ struct Checkpoint {
 /// regular file or folder (FIFOs, devices and sockets are refused by type before any read).
 Checkpoint read_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
+/// A diffusers pipeline folder: `model_index.json` naming a folder per component.
+struct Pipeline {
+  /// The components whose folders hold weights (`unet`, `text_encoder`, `vae`), in the
+  /// index's order: each is a checkpoint of its own model, read by naming its folder.
+  std::vector<std::string> components;
+  /// Every other entry by name, in name order: `model_index.json`, components that hold no
+  /// weights (`scheduler/`, `tokenizer/`), anything else in the folder.
+  std::vector<std::string> not_read;
+};
+
+/// The pipeline in `folder` when it holds a `model_index.json`, else nothing. Throws `Error`
+/// (kMalformedInput) naming the index and the component for damage: JSON that is not an object
+/// or repeats a key, a component that is not a folder name or whose folder is missing. Links
+/// are followed as `read_checkpoint` follows them. `read_checkpoint` on a pipeline folder is
+/// kUnsupported naming each component's folder.
+std::optional<Pipeline> read_pipeline(const std::string& folder);
+
 /// Keys grouped by the data they share (one storage at the same offset, shape, strides and
 /// dtype, as `torch.save` keeps a tied weight): each group of two or more, in saved order.
 std::vector<std::vector<std::string>> storage_ties(const StateDict& state);
@@ -83,10 +114,11 @@ std::vector<std::vector<std::string>> storage_ties(const StateDict& state);
 /// `Checkpoint::format` of a `torch.distributed.checkpoint` folder.
 inline constexpr const char* kDistributedCheckpointFormat = "torch.distributed.checkpoint";
 
-enum class CheckpointFormat { kSafetensors, kTorchSave, kDistributedCheckpoint };
+enum class CheckpointFormat { kSafetensors, kTorchSave, kDistributedCheckpoint, kArchive };
 /// The format a destination's name asks for: `.safetensors` (or `*.safetensors.index.json`);
 /// `.pt`, `.pth`, `.bin`, `.ckpt` (or `*.bin.index.json`, `*.pt.index.json`) for `torch.save`;
-/// `.metadata` or `*.distcp` for a `torch.distributed.checkpoint` (written only as a fix of one).
+/// `.metadata` or `*.distcp` for a `torch.distributed.checkpoint`, `.nemo`, `.tar`, `.tar.gz` or
+/// `.tgz` for a tar archive (each written only as a fix of one).
 /// Throws `Error` (kInvalidArgument) naming the path for any other name.
 CheckpointFormat format_for(const std::string& destination);
 
@@ -130,7 +162,9 @@ void write_checkpoint(const std::string& destination, const Checkpoint& checkpoi
 /// atomically as `write_checkpoint` does, reading each source file when its turn comes. A
 /// `torch.save` file written as `torch.save` is copied with only its key strings rewritten
 /// (`rewrite_torch_save`), so the entries beside a nested state dict are kept; a safetensors
-/// file keeps its `__metadata__`. The index keeps its own entries besides the `weight_map`.
+/// file keeps its `__metadata__`. The index keeps its own entries besides the `weight_map`. An
+/// archive written as an archive is copied member by member (same tar format and compression)
+/// with its weights member's key strings rewritten, atomically.
 void write_fixed_checkpoint(const std::string& destination, const Checkpoint& source,
                             const std::vector<std::pair<std::string, std::string>>& renames,
                             const CheckpointWriteOptions& options = {});
