@@ -279,8 +279,12 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
   std::vector<Checkpoint> parts;
   for (const auto& file : files) {
     if (entry_kind(folder / file, root) != EntryKind::kFile) {
-      throw detail::malformed_file(path, "the weight_map names shard " + file +
-                                             ", which is not a file in the index's folder");
+      const auto first = std::find_if(weight_map.begin(), weight_map.end(),
+                                      [&](const auto& placed) { return placed.second == file; });
+      throw detail::malformed_file(path,
+                                   "the weight_map places the key in shard " + file +
+                                       ", which is not a file in the index's folder",
+                                   first->first);
     }
     auto part = read_file((folder / file).string(), options);
     for (const auto& item : part.state) {

@@ -223,7 +223,8 @@ TEST_F(DamagedIndex, AShardOutsideTheFolderOrMissingIsRefused) {
   write_index();
   EXPECT_THAT(
       [&] { read_checkpoint(index()); },
-      ThrowsError(ErrorCode::kInvalidArgument, dir_ / "gone.bin", HasSubstr("cannot open")));
+      ThrowsError(ErrorCode::kMalformedInput, "module.steps",
+                  HasSubstr("in shard gone.bin, which is not a file in the index's folder")));
 }
 
 TEST_F(DamagedIndex, ARepeatedKeyInTheIndexIsDamage) {
