@@ -307,15 +307,16 @@ const std::vector<std::string>& usual_entries() {
 
 /// The entry of a nested state dict to read, and whether the keys are nested at all.
 std::string choose_entry(const Parsed& parsed, const std::string& entry, const std::string& path) {
-  std::vector<std::string> tops;
+  std::vector<std::string> tops;  // in saved order
+  std::unordered_set<std::string> seen;
   bool nested = false;
   for (const auto& key : parsed.keys) {
     if (key.path.size() > 1) nested = true;
-    const auto top = key.path.empty() ? key.fqn : key.path.front();
-    if (std::find(tops.begin(), tops.end(), top) == tops.end()) tops.push_back(top);
+    const auto& top = key.path.empty() ? key.fqn : key.path.front();
+    if (seen.insert(top).second) tops.push_back(top);
   }
   if (!entry.empty()) {
-    if (!nested || std::find(tops.begin(), tops.end(), entry) == tops.end()) {
+    if (!nested || !seen.count(entry)) {
       std::string names;
       for (const auto& t : tops) names += (names.empty() ? "" : ", ") + t;
       throw detail::malformed_file(path, "no entry '" + entry + "' (entries: " + names + ")",
@@ -325,7 +326,7 @@ std::string choose_entry(const Parsed& parsed, const std::string& entry, const s
   }
   if (!nested) return "";
   for (const auto& name : usual_entries()) {
-    if (std::find(tops.begin(), tops.end(), name) != tops.end()) return name;
+    if (seen.count(name)) return name;
   }
   return "";
 }
@@ -374,13 +375,11 @@ DistributedCheckpoint read_distributed_checkpoint(const std::string& folder,
   out.metadata = metadata;
   out.entry = choose_entry(parsed, entry, metadata);
   std::unordered_map<std::string, std::vector<std::string>> keys_in_file;
+  std::unordered_set<std::string> others;
   for (const auto& key : parsed.keys) {
     if (!in_entry(key, out.entry)) {
       const auto& top = key.path.front();
-      if (std::find(out.other_entries.begin(), out.other_entries.end(), top) ==
-          out.other_entries.end()) {
-        out.other_entries.push_back(top);
-      }
+      if (others.insert(top).second) out.other_entries.push_back(top);
       continue;
     }
     const auto name = key_in(key, out.entry);

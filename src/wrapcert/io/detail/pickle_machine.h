@@ -10,9 +10,10 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <cstring>
-#include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -107,13 +108,13 @@ class Reader {
           bytes(8);
           break;  // FRAME
         case 0x94:
-          memo_[memo_.size()] = top();
+          memoize(memo_count_, top());
           break;  // MEMOIZE
         case '.':
           running_ = false;
           return pop();  // STOP
         case '(':
-          push(make(Value::Kind::kMark));
+          push(shared(Value::Kind::kMark, 0));
           break;
         case '0':
           pop();
@@ -125,7 +126,7 @@ class Reader {
           push(top());
           break;  // DUP
         case 'N':
-          push(make(Value::Kind::kNone));
+          push(shared(Value::Kind::kNone, 0));
           break;
         case 0x88:
           push_bool(true);
@@ -181,10 +182,10 @@ class Reader {
           break;
         }
         case 'q':
-          memo_[static_cast<unsigned char>(byte())] = top();
+          memoize(static_cast<unsigned char>(byte()), top());
           break;
         case 'r':
-          memo_[uint_le(4)] = top();
+          memoize(uint_le(4), top());
           break;
         case 'h':
           push(memo(static_cast<unsigned char>(byte())));
@@ -192,8 +193,9 @@ class Reader {
         case 'j':
           push(memo(uint_le(4)));
           break;
-        case ')':
-          push(make(Value::Kind::kTuple));
+        case ')':  // EMPTY_TUPLE: one for all, as tuples never change
+          if (!empty_tuple_) empty_tuple_ = make(Value::Kind::kTuple);
+          push(empty_tuple_);
           break;
         case ']':
           push(make(Value::Kind::kList));
@@ -206,7 +208,8 @@ class Reader {
           break;
         case 0x90: {  // ADDITEMS
           auto items = pop_to_mark();
-          for (auto& v : items) top()->items.push_back(v);
+          auto* set = growable("ADDITEMS");
+          for (auto& v : items) set->items.push_back(v);
           break;
         }
         case 0x91: {  // FROZENSET
@@ -228,12 +231,13 @@ class Reader {
         }
         case 'a': {
           auto v = pop();
-          top()->items.push_back(v);
+          growable("APPEND")->items.push_back(v);
           break;
         }
         case 'e': {
           auto items = pop_to_mark();
-          for (auto& v : items) top()->items.push_back(v);
+          auto* list = growable("APPENDS");
+          for (auto& v : items) list->items.push_back(v);
           break;
         }
         case 's': {
@@ -315,11 +319,41 @@ class Reader {
     if (stack_.empty()) fail("", "the pickle reads an empty stack");
     return stack_.back();
   }
+  /// Python's pickler numbers its memo 0, 1, 2, ...: those go in a vector; any other number
+  /// (a hand-made pickle) in a map, so that a huge number costs no memory.
+  void memoize(uint64_t i, Ptr v) {
+    bool fresh = true;
+    if (i == memo_.size()) {
+      memo_.push_back(v);
+    } else if (i < memo_.size()) {
+      fresh = memo_[i] == nullptr;
+      memo_[i] = v;
+    } else {
+      auto [it, inserted] = sparse_memo_.try_emplace(i, v);
+      it->second = v;
+      fresh = inserted;
+    }
+    if (fresh) ++memo_count_;
+  }
   Ptr memo(uint64_t i) {
-    auto it = memo_.find(i);
-    if (it == memo_.end()) fail("", "the pickle refers to an unknown memo entry");
-    it->second->reused = true;
-    return it->second;
+    Ptr v = nullptr;
+    if (i < memo_.size()) {
+      v = memo_[i];
+    } else if (auto it = sparse_memo_.find(i); it != sparse_memo_.end()) {
+      v = it->second;
+    }
+    if (!v) fail("", "the pickle refers to an unknown memo entry");
+    v->reused = true;
+    return v;
+  }
+  /// The top of the stack, for APPEND(S) and ADDITEMS: a list, or an object (a set, a class
+  /// of the pickle's own); never a shared scalar or tuple.
+  Ptr growable(const char* op) {
+    auto* v = top();
+    if (v->kind != Value::Kind::kList && v->kind != Value::Kind::kObject) {
+      fail("", std::string(op) + " to something that is neither a list nor an object");
+    }
+    return v;
   }
   std::vector<Ptr> pop_to_mark() {
     std::vector<Ptr> items;
@@ -331,9 +365,13 @@ class Reader {
     return {items.rbegin(), items.rend()};
   }
   Ptr make(Value::Kind kind) {
-    arena_.emplace_back();
-    arena_.back().kind = kind;
-    return &arena_.back();
+    if (arena_.empty() || used_ == kBlock) {
+      arena_.push_back(std::make_unique<Value[]>(kBlock));
+      used_ = 0;
+    }
+    Value* v = &arena_.back()[used_++];
+    v->kind = kind;
+    return v;
   }
   Ptr make_object(const std::string& cls) {
     auto v = make(Value::Kind::kObject);
@@ -345,16 +383,24 @@ class Reader {
     t->items = std::move(items);
     return t;
   }
-  void push_bool(bool b) {
-    auto v = make(Value::Kind::kBool);
-    v->i = b;
-    push(v);
-  }
-  void push_int(int64_t i) {
-    auto v = make(Value::Kind::kInt);
+  /// None, a mark, a bool or a small int: one value each, shared by every use (nothing changes
+  /// a value once made), so that a pickle of a million small numbers (DCP's sizes and offsets)
+  /// does not make a million values.
+  Ptr shared(Value::Kind kind, int64_t i) {
+    constexpr int64_t kSmall = 1024;
+    Ptr* slot = kind == Value::Kind::kNone   ? &none_
+                : kind == Value::Kind::kMark ? &mark_
+                : kind == Value::Kind::kBool ? &bools_[i != 0]
+                : (i >= 0 && i < kSmall)     ? &small_ints_[static_cast<size_t>(i)]
+                                             : nullptr;
+    if (slot && *slot) return *slot;
+    auto v = make(kind);
     v->i = i;
-    push(v);
+    if (slot) *slot = v;
+    return v;
   }
+  void push_bool(bool b) { push(shared(Value::Kind::kBool, b)); }
+  void push_int(int64_t i) { push(shared(Value::Kind::kInt, i)); }
   void push_long(uint64_t n) {
     const auto b = bytes(n);
     if (n > 8) {  // not a size or an offset: kept as an opaque number
@@ -510,7 +556,14 @@ class Reader {
   }
 
   std::string path_;
-  std::deque<Value> arena_;  // stable addresses, one allocation per block of values
+  // Values in blocks: stable addresses, one allocation per block of values.
+  static constexpr size_t kBlock = 1024;
+  std::vector<std::unique_ptr<Value[]>> arena_;
+  size_t used_ = 0;  // in the last block
+  Ptr none_ = nullptr;
+  Ptr mark_ = nullptr;
+  Ptr bools_[2] = {nullptr, nullptr};
+  std::array<Ptr, 1024> small_ints_{};
   std::set<std::string> globals_;
   const char* data_;
   size_t size_;
@@ -519,7 +572,10 @@ class Reader {
   bool running_ = false;
   std::vector<size_t> frames_;
   std::vector<Ptr> stack_;
-  std::unordered_map<uint64_t, Ptr> memo_;
+  std::vector<Ptr> memo_;
+  std::unordered_map<uint64_t, Ptr> sparse_memo_;
+  uint64_t memo_count_ = 0;  // entries in the memo: MEMOIZE's next number, as Python counts
+  Ptr empty_tuple_ = nullptr;
   std::unordered_map<std::string, Ptr> by_key_;
   std::vector<detail::PickledStorage>& storages_;
 };
