@@ -5,12 +5,15 @@
 // tools/bench_report.py turns runs into Markdown and a plot; tools/bench_compare.py gates;
 // scripts/bench.sh does all of it.
 
+#include "bench_paths.h"
+
 #include <wrapcert/certify/certify.h>
 #include <wrapcert/certify/launch.h>
 #include <wrapcert/certify/properties.h>
 #include <wrapcert/fixtures/causal_lm.h>
 #include <wrapcert/fixtures/certification.h>
 #include <wrapcert/gen/generators.h>
+#include <wrapcert/io/checkpoint_file.h>
 #include <wrapcert/process_group.h>
 #include <wrapcert/python/certify_python.h>
 #include <wrapcert/test_support/memory.h>
@@ -23,15 +26,19 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/version.h>
 
+#include <fcntl.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -533,6 +540,92 @@ void BM_CollectiveRoundTrip(benchmark::State& state) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
+/// Runs `argv` with its output to /dev/null; its wall seconds and peak resident memory (MiB),
+/// or nothing when it could not run or failed.
+std::optional<std::pair<double, double>> run_measured(std::vector<std::string> argv) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  if (child < 0 || ::wait4(child, &status, 0, &usage) != child) return std::nullopt;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // A listing's verdict is 0 (clean) or 1 (wrapper components found): both are a run.
+  if (!WIFEXITED(status) || WEXITSTATUS(status) > 1) return std::nullopt;
+  return std::make_pair(seconds, static_cast<double>(usage.ru_maxrss) / 1024.0);
+}
+
+/// A torch.distributed.checkpoint folder of `keys` small tensors
+/// (`_fsdp_wrapped_module.layers.N.weight`, [8, 4] float32) sharded over two ranks as FSDP's
+/// SHARDED_STATE_DICT saves it, written once per size by the DCP stand-in
+/// (tools/dcp_standin.py) and removed when the run ends.
+std::string dcp_folder(int64_t keys) {
+  struct Made {
+    std::map<int64_t, std::string> folders;
+    ~Made() {
+      std::error_code ignored;
+      for (const auto& [n, f] : folders) std::filesystem::remove_all(f, ignored);
+    }
+  };
+  static Made made;
+  auto& folder = made.folders[keys];
+  if (!folder.empty()) return folder;
+  folder = (std::filesystem::temp_directory_path() /
+            ("wrapcert-bench-dcp-" + std::to_string(::getpid()) + "-" + std::to_string(keys)))
+               .string();
+  const std::string script =
+      "import sys; sys.path.insert(0, sys.argv[1]); import collections, torch, dcp_standin; "
+      "state = collections.OrderedDict(('_fsdp_wrapped_module.layers.%d.weight' % i, "
+      "torch.zeros(8, 4)) for i in range(int(sys.argv[3]))); "
+      "dcp_standin.save(state, sys.argv[2], ranks=2)";
+  if (!run_measured({"/usr/bin/python3", "-c", script, wrapcert::bench::tools_dir(), folder,
+                     std::to_string(keys)})) {
+    folder.clear();
+  }
+  return folder;
+}
+
+void BM_ListDistributedCheckpoint(benchmark::State& state) {
+  // `check-keys` reading a DCP folder's .metadata (its pickle through the allow-list, every
+  // chunk placed in a .distcp by size, no .distcp read): in process, and the whole tool run
+  // once (its wall time and peak memory, LibTorch's start-up included).
+  const int64_t keys = state.range(0);
+  const auto folder = dcp_folder(keys);
+  if (folder.empty()) {
+    state.SkipWithError("the DCP stand-in (tools/dcp_standin.py) could not write the folder");
+    return;
+  }
+  const double heap_before = heap_mb();
+  double held = 0;
+  for (auto _ : state) {
+    const auto listing = wrapcert::read_checkpoint(folder, {/*data=*/false, ""});
+    held = heap_mb() - heap_before;
+    if (static_cast<int64_t>(listing.state.size()) != keys) {
+      state.SkipWithError("the listing missed keys");
+      return;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * keys);
+  state.SetComplexityN(keys);
+  state.counters["listing_heap_mb"] = held;
+  if (!wrapcert::bench::tool().empty()) {
+    if (const auto run = run_measured({wrapcert::bench::tool(), "check-keys", folder})) {
+      state.counters["tool_seconds"] = run->first;
+      state.counters["tool_peak_rss_mb"] = run->second;
+    }
+  }
+}
+
 // clang-format off
 BENCHMARK(BM_NamedModulesWalk)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
 BENCHMARK(BM_NamedParametersKeys)->ArgName("modules")->RangeMultiplier(10)->Range(100, 100000)->Complexity(benchmark::oN);
@@ -562,6 +655,7 @@ BENCHMARK(BM_CertifyPython)->ArgName("wrapper")->DenseRange(0, 2)->Unit(benchmar
 BENCHMARK(BM_CertifyPythonAcrossRanks)->ArgName("world_size")->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CertifyAcrossRanks)->ArgNames({"kind", "world"})->ArgsProduct({{0, 1}, {2, 4}})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_CollectiveRoundTrip)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_ListDistributedCheckpoint)->ArgName("keys")->RangeMultiplier(10)->Range(1000, 100000)->Unit(benchmark::kMillisecond)->Complexity(benchmark::oN);
 // clang-format on
 
 }  // namespace
