@@ -575,13 +575,22 @@ def case_diffusers_pipeline_checks_each_component(d):
     # A training script that saved its torch.compile'd UNet and its DDP-wrapped text encoder.
     pipe = diffusers_pipeline(d, "pipe", prefixed(clean, "_orig_mod."), prefixed(clean, "module."),
                               vae)
+    # diffusers' fp16 variant beside the UNet's weights, wrapped the same way.
+    half = collections.OrderedDict((k, v.half() if v.is_floating_point() else v)
+                                   for k, v in prefixed(clean, "_orig_mod.").items())
+    variant = os.path.join(pipe, "unet", "diffusion_pytorch_model.fp16.safetensors")
+    write_safetensors(variant, half, {"format": "pt"})
     out = run("check-keys", pipe, want=1)
     assert "diffusers pipeline: " + pipe + " (3 models with weights: text_encoder unet vae)" in out
     assert "not checked: model_index.json scheduler/ tokenizer/" in out, out
     assert "component unet:" in out and "component vae:" in out, out
+    assert "variants of the weights, each a checkpoint of its own: " \
+        "diffusion_pytorch_model.fp16.safetensors" in out, out
+    assert "variant " + variant + ":" in out, out
     out = run("check-keys", pipe, "--against", ref, want=1)
     assert "module.embed.weight -> embed.weight" in out, out
     assert "_orig_mod.embed.weight -> embed.weight" in out, out
+    assert "compared by names and shapes: a variant keeps a dtype of its own" in out, out
     out = run("check-keys", pipe, "--fixture", "gemma-2b", want=64)
     assert "check one component by its folder" in out, out
     out = run("check-keys", pipe, "--against", ref, "--fix", os.path.join(d, "out"), want=64)
@@ -593,6 +602,8 @@ def case_diffusers_pipeline_checks_each_component(d):
     run("check-keys", pipe, "--against", ref, want=0)
     unet, _ = read_safetensors_plain(os.path.join(pipe, "unet", "diffusion_pytorch_model.safetensors"))
     same(dict(unet), dict(clean))
+    unet16, _ = read_safetensors_plain(variant)
+    same(dict(unet16), {k[len("_orig_mod."):]: v for k, v in half.items()})
     same(torch.load(os.path.join(pipe, "text_encoder", "pytorch_model.bin")), clean)
     assert open(os.path.join(pipe, "vae", "diffusion_pytorch_model.safetensors"), "rb").read() \
         == vae_before

@@ -107,7 +107,7 @@ def load_weights_only(path):
 
 def write_safetensors(path, state, metadata):
     """A safetensors file as the safetensors library lays it out (its JSON header, the data)."""
-    names = {torch.float32: "F32", torch.int64: "I64"}
+    names = {torch.float32: "F32", torch.int64: "I64", torch.float16: "F16"}
     header, blobs, offset = {"__metadata__": metadata}, [], 0
     for k, t in state.items():
         data = t.contiguous().numpy().tobytes()
@@ -399,7 +399,7 @@ def case_distinct_answers(d):
 
 def read_safetensors_plain(path):
     """Every tensor the header promises, as the safetensors library's load_file reads them."""
-    names = {"F32": torch.float32, "I64": torch.int64, "F64": torch.float64}
+    names = {"F32": torch.float32, "I64": torch.int64, "F64": torch.float64, "F16": torch.float16}
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))

@@ -252,6 +252,7 @@ struct CheckKeysCli {
   bool in_place = false;
   std::string entry;
   std::string ties = "once";
+  bool variant = false;  // a variant of the weights: dtypes are its own
 };
 
 void describe_checkpoint(const std::string& path, const wrapcert::Checkpoint& c) {
@@ -373,7 +374,41 @@ int run_check_pipeline(const CheckKeysCli& o, const wrapcert::Pipeline& pipeline
 /// 0 clean (with --fix: copied or converted), 1 fixable (with --fix: fixed) or wrapper
 /// components found, 2 broken or damaged, 3 not readable by wrapcert, 66 an input that cannot
 /// be read, 73 an output that cannot be written.
+int run_check_keys_once(const CheckKeysCli& o, std::vector<std::string>* variants);
+
 int run_check_keys(const CheckKeysCli& o) {
+  std::vector<std::string> variants;
+  int verdict = run_check_keys_once(o, &variants);
+  // Each variant of the weights (model.fp16.safetensors) is a checkpoint of its own: checked
+  // against the same reference, fixed in place with the rest.
+  for (const auto& variant : variants) {
+    std::cout << "\nvariant " << variant << ":\n";
+    CheckKeysCli one = o;
+    one.file = variant;
+    one.variant = true;
+    // Against a folder (another pipeline's component, another model folder): its own variant
+    // of the same name where it has one.
+    const auto name = std::filesystem::path(variant).filename();
+    if (!o.against.empty() && names_a_folder(o.against) &&
+        std::filesystem::is_regular_file(std::filesystem::path(o.against) / name)) {
+      one.against = (std::filesystem::path(o.against) / name).string();
+      one.variant = false;
+    }
+    if (o.fix_given) {
+      std::cout << "not written by --fix, which writes one checkpoint: fix the variant by "
+                   "naming it\n";
+      one.fix_given = false;
+      one.fix.clear();
+    }
+    if (one.variant && !(o.fixture.empty() && o.against.empty() && o.listing.empty())) {
+      std::cout << "compared by names and shapes: a variant keeps a dtype of its own\n";
+    }
+    verdict = std::max(verdict, run_check_keys_once(one, nullptr));
+  }
+  return verdict;
+}
+
+int run_check_keys_once(const CheckKeysCli& o, std::vector<std::string>* variants) {
   const bool scan = o.fixture.empty() && o.against.empty() && o.listing.empty();
   const bool fixing = o.fix_given || o.in_place;
   if (o.fix_given && o.fix.empty()) {
@@ -410,9 +445,11 @@ int run_check_keys(const CheckKeysCli& o) {
     return code;
   }
   describe_checkpoint(o.file, listing);
+  if (variants) *variants = listing.variants;
 
   std::vector<wrapcert::KeyInfo> expected;
   wrapcert::CheckKeysOptions options;
+  options.compare_dtypes = !o.variant;
   if (!scan) {
     const int code = guarded(kExitNoInput, [&] {
       if (!o.fixture.empty()) {

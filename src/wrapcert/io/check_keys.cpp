@@ -151,7 +151,8 @@ KeyReport check_keys(const std::vector<KeyInfo>& found, const std::vector<KeyInf
   auto compare = [&](const KeyInfo& f, const std::string& target) {
     const auto* e = want.at(target);
     if (options.compare_shapes &&
-        (f.tensor != e->tensor || (f.tensor && (f.shape != e->shape || f.dtype != e->dtype)))) {
+        (f.tensor != e->tensor ||
+         (f.tensor && (f.shape != e->shape || (options.compare_dtypes && f.dtype != e->dtype))))) {
       report.mismatched.push_back(f.key + ": found " + describe(f) + ", expected " + describe(*e));
     }
     matched.insert(target);

@@ -69,6 +69,9 @@ struct KeyReport {
 struct CheckKeysOptions {
   /// Compare shapes and dtypes too; a key listing has names only.
   bool compare_shapes = true;
+  /// With `compare_shapes`, compare dtypes too; a variant of the weights (`model.fp16.*`) is
+  /// the reference's model in another dtype.
+  bool compare_dtypes = true;
 };
 
 /// Matches `found` to `expected`: a found key that is not expected is translated by removing

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <unordered_map>
 
@@ -312,8 +313,23 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
   return out;
 }
 
+/// For a variant's file name (diffusers' and Transformers' `variant`: "model.fp16.safetensors",
+/// "model.fp16-00001-of-00002.safetensors", "model.safetensors.index.fp16.json"), the name of
+/// the file it is a variant of; nothing for any other name.
+std::optional<std::string> variant_base(const std::string& name) {
+  static const std::regex index(R"((.+)\.index\.[A-Za-z0-9_]+\.json)");
+  static const std::regex weights(
+      R"((.+)\.[A-Za-z0-9_]+(-[0-9]{5}-of-[0-9]{5})?(\.safetensors|\.bin|\.pt|\.pth))");
+  std::smatch m;
+  if (std::regex_match(name, m, index)) return m[1].str() + ".index.json";
+  if (std::regex_match(name, m, weights)) return m[1].str() + m[2].str() + m[3].str();
+  return std::nullopt;
+}
+
 bool is_index_name(const std::string& name) {
-  return ends_with(name, ".index.json");
+  if (ends_with(name, ".index.json")) return true;
+  const auto base = variant_base(fs::path(name).filename().string());
+  return base && ends_with(*base, ".index.json");
 }
 
 bool is_shard_name(const std::string& name) {
@@ -474,14 +490,60 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   std::sort(training_state.begin(), training_state.end());
   std::vector<std::string> notes;
   std::string partial;
+  // Variants beside the weights they are variants of (`model.fp16.safetensors` beside
+  // `model.safetensors`): the same model saved again, each a checkpoint of its own.
+  std::vector<std::string> variants;
+  std::set<std::string> variant_files;
+  std::set<std::string> names;  // the weights and indexes of the folder
+  for (const auto& f : indexes) names.insert(fs::path(f).filename().string());
+  for (const auto& f : shards) names.insert(fs::path(f).filename().string());
+  // A variant's base may be sharded where the variant is not, or the other way round:
+  // model.fp16.safetensors beside model.safetensors.index.json is a variant too.
+  const auto has_base = [&](std::string base) {
+    const std::string index = ".index.json";
+    if (names.count(base)) return true;
+    if (ends_with(base, index)) return names.count(base.substr(0, base.size() - index.size())) > 0;
+    static const std::regex shard(R"((.*)-[0-9]{5}-of-[0-9]{5}(\.[a-z]+))");
+    std::smatch m;
+    if (std::regex_match(base, m, shard)) base = m[1].str() + m[2].str();
+    return names.count(base) > 0 || names.count(base + index) > 0;
+  };
+  auto pass_over_variants = [&](std::vector<std::string>& files) {
+    std::vector<std::string> kept;
+    for (const auto& f : files) {
+      const auto name = fs::path(f).filename().string();
+      const auto base = variant_base(name);
+      if (!base || !has_base(*base)) {
+        kept.push_back(f);
+        continue;
+      }
+      variant_files.insert(name);
+      // A sharded variant is read through its index; its shards are not checkpoints alone.
+      static const std::regex shard(R"(.*-[0-9]{5}-of-[0-9]{5}\.[a-z]+)");
+      if (!std::regex_match(name, shard)) variants.push_back(f);
+    }
+    files = kept;
+  };
+  pass_over_variants(indexes);
+  pass_over_variants(shards);
+  std::sort(variants.begin(), variants.end());
+  if (!variants.empty()) {
+    std::string names;
+    for (const auto& v : variants) names += " " + fs::path(v).filename().string();
+    notes.push_back("variants of the weights, each a checkpoint of its own:" + names);
+  }
   auto finish = [&](Checkpoint out) {
     out.partial = partial;
+    out.variants = variants;
     const auto read = out.files();
     for (const auto& name : entries) {
       const bool was_read = std::any_of(read.begin(), read.end(), [&](const std::string& f) {
         return fs::path(f).filename() == name;  // every file read lies in this folder
       });
-      if (!was_read) out.not_read.push_back(name);
+      const bool variant = std::any_of(variants.begin(), variants.end(), [&](const auto& v) {
+        return fs::path(v).filename() == name;
+      });
+      if (!was_read && !variant) out.not_read.push_back(name);
     }
     out.notes = notes;
     return out;

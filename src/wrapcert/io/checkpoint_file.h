@@ -52,6 +52,11 @@ struct Checkpoint {
   /// global_step10", "safetensors weights preferred over the others, as Transformers loads them").
   std::vector<std::string> notes;
 
+  /// Variants of the weights in the folder read, each a checkpoint of its own to check by its
+  /// path (diffusers' and Transformers' `variant`: `model.fp16.safetensors` beside
+  /// `model.safetensors`, a sharded variant by its `model.safetensors.index.fp16.json`).
+  std::vector<std::string> variants;
+
   /// What was read when a folder's weights are per rank and only one rank was read ("the first of
   /// 2 ranks"): a fix would leave the other ranks' files as they are. "" when all was read.
   std::string partial;

@@ -169,6 +169,30 @@ TEST(CheckpointFile, AShardedCheckpointIsReadByItsIndexOrItsFolder) {
   EXPECT_EQ(by_index.files().size(), 3u);
 }
 
+TEST(CheckpointFile, VariantsBesideTheWeightsAreCheckpointsOfTheirOwn) {
+  test_support::TempDir dir;
+  StateDict full, half;
+  full.insert("w", torch::ones({2, 2}));
+  half.insert("w", torch::ones({2, 2}, torch::kHalf));
+  save_safetensors(dir / "model.safetensors", full);
+  save_safetensors(dir / "model.fp16.safetensors", half);
+  // Sharded variants are read through their index, whose shards are not variants alone.
+  std::ofstream(dir / "model.safetensors.index.fp16.json") << "{}";
+  save_safetensors(dir / "model.fp16-00001-of-00001.safetensors", half);
+  const auto c = read_checkpoint(dir.path().string(), {false, ""});
+  EXPECT_EQ(c.shards.size(), 1u);
+  EXPECT_EQ(c.state["w"].scalar_type(), torch::kFloat);
+  EXPECT_THAT(c.variants, ElementsAre(dir / "model.fp16.safetensors",
+                                      dir / "model.safetensors.index.fp16.json"));
+  EXPECT_THAT(c.not_read, ElementsAre("model.fp16-00001-of-00001.safetensors"));
+  // A name with a dot is a variant only beside the file it is a variant of.
+  test_support::TempDir meta;
+  save_safetensors(meta / "consolidated.00.safetensors", full);
+  const auto alone = read_checkpoint(meta.path().string(), {false, ""});
+  EXPECT_EQ(alone.shards.size(), 1u);
+  EXPECT_TRUE(alone.variants.empty());
+}
+
 /// A copy of the sharded .bin checkpoint whose index says `weight_map`.
 class DamagedIndex : public ::testing::Test {
  protected:
