@@ -685,6 +685,27 @@ def case_in_place_killed_at_random_leaves_a_checkpoint_that_loads(d):
         assert len(nemo_members(nemo)) == 4
 
     killed_at_random(d, ["check-keys", nemo, "--against", ref, "--in-place"], nemo_whole, 8)
+    # A pipeline is fixed component by component, each atomically: every component loads,
+    # with its old keys or its new ones.
+    vae = collections.OrderedDict((k, v) for k, v in clean.items() if "block" in k)
+    reference = diffusers_pipeline(d, "reference", clean, clean, vae)
+    pipe = diffusers_pipeline(d, "pipe", prefixed(clean, "_orig_mod."), prefixed(clean, "module."),
+                              prefixed(vae, "module."))
+
+    def pipeline_whole():
+        unet, _ = read_safetensors_plain(
+            os.path.join(pipe, "unet", "diffusion_pytorch_model.safetensors"))
+        assert sorted(unet) in (sorted(prefixed(clean, "_orig_mod.")), sorted(clean))
+        text = torch.load(os.path.join(pipe, "text_encoder", "pytorch_model.bin"))
+        assert list(text) in (list(prefixed(clean, "module.")), list(clean))
+        v, _ = read_safetensors_plain(
+            os.path.join(pipe, "vae", "diffusion_pytorch_model.safetensors"))
+        assert sorted(v) in (sorted(prefixed(vae, "module.")), sorted(vae))
+
+    killed_at_random(os.path.join(pipe, "unet"),
+                     ["check-keys", pipe, "--against", reference, "--in-place"], pipeline_whole, 6)
+    for sub in ("text_encoder", "vae"):
+        assert not [n for n in os.listdir(os.path.join(pipe, sub)) if "wrapcert" in n]
 
 
 CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("case_")]
