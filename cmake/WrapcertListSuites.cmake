@@ -6,8 +6,9 @@ cmake_minimum_required(VERSION 3.23)
 # The limit is there for an executable that hangs, and is counted in wall time: scripts/test.sh
 # runs the sanitizer build at nice 19 beside the main suites, where a listing (2-3 s of CPU under
 # ASan) can wait minutes for a core; 60 s was once not enough there.
+set(json_file "${TEST_FILE}.listing.json")
 execute_process(
-  COMMAND "${TEST_EXECUTABLE}" --gtest_list_tests
+  COMMAND "${TEST_EXECUTABLE}" --gtest_list_tests "--gtest_output=json:${json_file}"
   WORKING_DIRECTORY "${TEST_WORKING_DIRECTORY}"
   TIMEOUT 900
   OUTPUT_VARIABLE listing
@@ -17,6 +18,42 @@ if(NOT status EQUAL 0)
   file(REMOVE "${TEST_FILE}")
   message(FATAL_ERROR "${TEST_TARGET}: --gtest_list_tests failed (${status}):\n${listing}${errors}")
 endif()
+
+# The area of each suite, from the source file of its cases (the JSON listing names it): a
+# test in src/wrapcert/io/ is labelled `area:io`, so that `scripts/test.sh --changed` runs what
+# covers the folders a change touched.
+function(area_of path out)
+  if(path MATCHES "src/wrapcert/(io|gen|certify|python|test_support)/")
+    set(${out} "area:${CMAKE_MATCH_1}" PARENT_SCOPE)
+  elseif(path MATCHES "src/wrapcert/")
+    set(${out} "area:core" PARENT_SCOPE)
+  elseif(path MATCHES "(^|/)(fixtures|regression|property_tests|fuzz|bench)/")
+    set(${out} "area:${CMAKE_MATCH_2}" PARENT_SCOPE)
+  else()
+    set(${out} "" PARENT_SCOPE)
+  endif()
+endfunction()
+file(READ "${json_file}" json)
+file(REMOVE "${json_file}")
+string(JSON suite_count LENGTH "${json}" testsuites)
+math(EXPR last_suite "${suite_count} - 1")
+foreach(i RANGE ${last_suite})
+  string(JSON suite_name GET "${json}" testsuites ${i} name)
+  string(JSON case_count LENGTH "${json}" testsuites ${i} testsuite)
+  math(EXPR last_case "${case_count} - 1")
+  set(areas "")
+  foreach(j RANGE ${last_case})
+    string(JSON source ERROR_VARIABLE no_file GET "${json}" testsuites ${i} testsuite ${j} file)
+    if(NOT no_file)
+      area_of("${source}" area)
+      if(area)
+        list(APPEND areas "${area}")
+      endif()
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES areas)
+  set("areas_of_${suite_name}" "${areas}")
+endforeach()
 
 # A suite line is the suite's name and a dot, then perhaps "  # TypeParam = ..."; case lines are
 # indented. Names never hold spaces, `[` or `]`, so bracket arguments quote them.
@@ -31,11 +68,12 @@ foreach(line IN LISTS lines)
   if(suite MATCHES "(^|/)DISABLED_")
     continue()
   endif()
+  set(labels ${TEST_LABELS} ${areas_of_${suite}})
   string(APPEND script
          "add_test([==[${suite}]==] [==[${TEST_EXECUTABLE}]==] [==[--gtest_filter=${suite}.*]==])\n"
          "set_tests_properties([==[${suite}]==] PROPERTIES\n"
          "  WORKING_DIRECTORY [==[${TEST_WORKING_DIRECTORY}]==]\n"
-         "  LABELS [==[${TEST_LABELS}]==]\n"
+         "  LABELS [==[${labels}]==]\n"
          "  SKIP_REGULAR_EXPRESSION [==[wrapcert: every case skipped]==])\n")
   math(EXPR count "${count} + 1")
 endforeach()

@@ -4,11 +4,62 @@
 # stage (scripts/sanitize.sh, built with clang under AddressSanitizer and UBSan), the others in
 # the main build. WRAPCERT_SANITIZERS=0 leaves that stage out and runs every suite in the main
 # build. With arguments, they go to ctest on the main build only (e.g.
-# `scripts/test.sh -L unit`, `scripts/test.sh -L slow`, `scripts/test.sh -R SeedThread`).
+# `scripts/test.sh -L unit`, `scripts/test.sh -L slow`, `scripts/test.sh -R SeedThread`,
+# `scripts/test.sh -L area:io`), except --changed (below).
 # Without arguments, the sanitizer build runs beside the main suites (at the lowest priority), and
 # each stage's time is kept in $BUILD_DIR/test-times.json for the benchmark report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# `scripts/test.sh --changed [REF]`: builds the main build and runs, first, the tests that cover
+# the folders changed since REF (default HEAD: what is not committed yet), by their `area:NAME`
+# labels (a googletest suite's area is its source folder; the others are labelled where they
+# are added); then, with --all, everything else. A change to the core library, the build or
+# the test support runs every test. The full command (no arguments) stays CI's.
+if [ "${1:-}" = --changed ]; then
+  shift
+  all=false
+  [ "${1:-}" = --all ] && { all=true; shift; }
+  ref=${1:-HEAD}
+  areas=()
+  every=false
+  while IFS= read -r file; do
+    case "$file" in
+      src/wrapcert/io/* | tools/test_check_keys* | tools/dcp_standin.py) areas+=(io) ;;
+      src/wrapcert/gen/*) areas+=(gen) ;;
+      src/wrapcert/certify/* | tools/test_ranks.sh | tools/test_plugins.sh) areas+=(certify) ;;
+      src/wrapcert/python/* | tools/test_certify_python.sh) areas+=(python) ;;
+      src/cli/*) areas+=(cli) ;;
+      fixtures/*) areas+=(fixtures) ;;
+      regression/*) areas+=(regression) ;;
+      property_tests/*) areas+=(property_tests) ;;
+      fuzz/*) areas+=(fuzz) ;;
+      bench/* | tools/bench_*) areas+=(bench) ;;
+      docs/* | README.md) areas+=(docs) ;;
+      scripts/* | tools/test_test_script.sh) areas+=(scripts) ;;
+      src/wrapcert/* | src/CMakeLists.txt | CMakeLists.txt | cmake/* | .ci/*) every=true ;;
+      *) ;;
+    esac
+  done < <({ git diff --name-only "$ref" --; git ls-files --others --exclude-standard; } | sort -u)
+  "$(pwd)/scripts/bootstrap.sh"
+  run() { ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"; }
+  if $every; then
+    echo "wrapcert: the core, the build or the test support changed: every test"
+    exec ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" -LE slow
+  fi
+  if [ ${#areas[@]} -eq 0 ]; then
+    echo "wrapcert: no change since $ref that a test covers"
+  else
+    mapfile -t areas < <(printf '%s\n' "${areas[@]}" | sort -u)
+    pattern="area:($(IFS='|'; echo "${areas[*]}"))"
+    echo "wrapcert: tests covering ${areas[*]} (-L '$pattern'), and the layering checks"
+    run -L "$pattern|^layers$" -LE slow
+  fi
+  if $all; then
+    echo "wrapcert: then every other test"
+    run -LE "slow${areas:+|area:($(IFS='|'; echo "${areas[*]}"))}"
+  fi
+  exit 0
+fi
 if [ $# -gt 0 ] || [ "${WRAPCERT_SANITIZERS:-1}" = 0 ]; then
   "$(pwd)/scripts/bootstrap.sh"
   [ $# -gt 0 ] || set -- -LE slow
