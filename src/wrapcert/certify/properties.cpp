@@ -5,6 +5,7 @@
 #include <wrapcert/detail/wrapper_state.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
+#include <wrapcert/io/detail/scratch.h>
 #include <wrapcert/io/safetensors.h>
 #include <wrapcert/keys.h>
 #include <wrapcert/layer.h>
@@ -16,9 +17,6 @@
 #include <torch/serialize.h>
 
 #include <rapidcheck.h>
-
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -966,41 +964,6 @@ Verdict release(Case& c) {
   });
 }
 
-namespace {
-
-/// A folder of this process's own, made new (mkdtemp) and removed with what it holds: the
-/// training loop's checkpoints are written there, never over anything that was there before. In
-/// memory (/dev/shm) where there is one: a checkpoint is written through a synced file, and
-/// syncing to a disk cost a millisecond a case.
-class PrivateFolder {
- public:
-  PrivateFolder() {
-    std::error_code ec;
-    const auto base =
-        std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
-            ? std::filesystem::path("/dev/shm")
-            : std::filesystem::temp_directory_path();
-    std::string pattern = (base / "wrapcert-p17-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      throw Error(ErrorCode::kInvalidArgument, "",
-                  "cannot make a folder for the training loop's checkpoint in " + base.string());
-    }
-    path_ = pattern;
-  }
-  ~PrivateFolder() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  PrivateFolder(const PrivateFolder&) = delete;
-  PrivateFolder& operator=(const PrivateFolder&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-}  // namespace
-
 Verdict training_loop(Case& c) {
   constexpr const char* kName = "P17 training";
   return guarded(kName, [&] {
@@ -1202,7 +1165,8 @@ Verdict training_loop(Case& c) {
       checkpoints.emplace_back("torch.save", std::move(back));
     }
     {
-      const PrivateFolder folder;
+      // In memory where there is one: syncing a checkpoint to a disk cost a millisecond a case.
+      const detail::ScratchFolder folder("wrapcert-p17", /*in_memory=*/true);
       const auto path = folder.path() + "/model.safetensors";
       save_safetensors(path, saved);
       checkpoints.emplace_back("safetensors", load_safetensors(path));

@@ -3,6 +3,7 @@
 #include <wrapcert/io/detail/atomic_file.h>
 #include <wrapcert/io/detail/input_file.h>
 #include <wrapcert/io/detail/saved_identity.h>
+#include <wrapcert/io/detail/scratch.h>
 #include <wrapcert/io/detail/strict_json.h>
 #include <wrapcert/io/detail/tar_archive.h>
 #include <wrapcert/io/distributed_checkpoint.h>
@@ -99,11 +100,8 @@ Checkpoint read_archive(const std::string& path, const CheckpointReadOptions& op
     if (file == ".metadata" || ends_with(file, ".distcp")) distributed = true;
   }
   if (weights.empty()) {
-    if (names.count("pickle") && names.count("storages")) {
-      throw Error(ErrorCode::kUnsupported, "",
-                  path +
-                      ": the tar torch.save format of PyTorch before 0.4, which wrapcert does not "
-                      "read; load it in Python and save it again");
+    if (!tar.gzip && names.count("pickle") && names.count("storages")) {
+      return read_file(path, options, /*archives=*/false);  // torch.save's own tar: named there
     }
     if (distributed) {
       throw Error(ErrorCode::kUnsupported, "",
@@ -316,6 +314,15 @@ Checkpoint read_index(const std::string& path, const CheckpointReadOptions& opti
 /// For a variant's file name (diffusers' and Transformers' `variant`: "model.fp16.safetensors",
 /// "model.fp16-00001-of-00002.safetensors", "model.safetensors.index.fp16.json"), the name of
 /// the file it is a variant of; nothing for any other name.
+/// A shard's name without its "-00001-of-00002" ("model-00001-of-00002.safetensors" ->
+/// "model.safetensors"); nothing for a name that is no shard of a set.
+std::optional<std::string> unsharded(const std::string& name) {
+  static const std::regex shard(R"((.*)-[0-9]{5}-of-[0-9]{5}(\.[a-z]+))");
+  std::smatch m;
+  if (!std::regex_match(name, m, shard)) return std::nullopt;
+  return m[1].str() + m[2].str();
+}
+
 std::optional<std::string> variant_base(const std::string& name) {
   static const std::regex index(R"((.+)\.index\.[A-Za-z0-9_]+\.json)");
   static const std::regex weights(
@@ -493,20 +500,17 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
   // Variants beside the weights they are variants of (`model.fp16.safetensors` beside
   // `model.safetensors`): the same model saved again, each a checkpoint of its own.
   std::vector<std::string> variants;
-  std::set<std::string> variant_files;
   std::set<std::string> names;  // the weights and indexes of the folder
   for (const auto& f : indexes) names.insert(fs::path(f).filename().string());
   for (const auto& f : shards) names.insert(fs::path(f).filename().string());
   // A variant's base may be sharded where the variant is not, or the other way round:
   // model.fp16.safetensors beside model.safetensors.index.json is a variant too.
-  const auto has_base = [&](std::string base) {
+  const auto has_base = [&](const std::string& base) {
     const std::string index = ".index.json";
     if (names.count(base)) return true;
     if (ends_with(base, index)) return names.count(base.substr(0, base.size() - index.size())) > 0;
-    static const std::regex shard(R"((.*)-[0-9]{5}-of-[0-9]{5}(\.[a-z]+))");
-    std::smatch m;
-    if (std::regex_match(base, m, shard)) base = m[1].str() + m[2].str();
-    return names.count(base) > 0 || names.count(base + index) > 0;
+    const auto whole = unsharded(base).value_or(base);
+    return names.count(whole) > 0 || names.count(whole + index) > 0;
   };
   auto pass_over_variants = [&](std::vector<std::string>& files) {
     std::vector<std::string> kept;
@@ -517,10 +521,8 @@ Checkpoint read_folder(const std::string& path, const CheckpointReadOptions& opt
         kept.push_back(f);
         continue;
       }
-      variant_files.insert(name);
       // A sharded variant is read through its index; its shards are not checkpoints alone.
-      static const std::regex shard(R"(.*-[0-9]{5}-of-[0-9]{5}\.[a-z]+)");
-      if (!std::regex_match(name, shard)) variants.push_back(f);
+      if (!unsharded(name)) variants.push_back(f);
     }
     files = kept;
   };

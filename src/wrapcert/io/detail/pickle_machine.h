@@ -387,7 +387,7 @@ class Reader {
   /// a value once made), so that a pickle of a million small numbers (DCP's sizes and offsets)
   /// does not make a million values.
   Ptr shared(Value::Kind kind, int64_t i) {
-    constexpr int64_t kSmall = 1024;
+    constexpr auto kSmall = static_cast<int64_t>(std::tuple_size_v<decltype(small_ints_)>);
     Ptr* slot = kind == Value::Kind::kNone   ? &none_
                 : kind == Value::Kind::kMark ? &mark_
                 : kind == Value::Kind::kBool ? &bools_[i != 0]

@@ -23,21 +23,8 @@ namespace fs = std::filesystem;
 
 constexpr size_t kBlock = size_t{1} << 16;
 
-struct ReadArchive {
-  archive* a = archive_read_new();
-  ReadArchive() = default;
-  ~ReadArchive() { archive_read_free(a); }
-  ReadArchive(const ReadArchive&) = delete;
-  ReadArchive& operator=(const ReadArchive&) = delete;
-};
-
-struct WriteArchive {
-  archive* a = archive_write_new();
-  WriteArchive() = default;
-  ~WriteArchive() { archive_write_free(a); }
-  WriteArchive(const WriteArchive&) = delete;
-  WriteArchive& operator=(const WriteArchive&) = delete;
-};
+using ReadArchive = std::unique_ptr<archive, decltype(&archive_read_free)>;
+using WriteArchive = std::unique_ptr<archive, decltype(&archive_write_free)>;
 
 std::string why(archive* a) {
   const char* s = archive_error_string(a);
@@ -46,24 +33,26 @@ std::string why(archive* a) {
 
 /// Opens `file` (already refused by type when not a regular file) for reading as a tar archive,
 /// plain or gzipped.
-void open_for_reading(ReadArchive& r, const InputFile& file) {
-  archive_read_support_filter_gzip(r.a);
-  archive_read_support_format_tar(r.a);
-  if (archive_read_open_fd(r.a, file.fd(), kBlock) != ARCHIVE_OK) {
+ReadArchive open_for_reading(const InputFile& file) {
+  ReadArchive r(archive_read_new(), &archive_read_free);
+  archive_read_support_filter_gzip(r.get());
+  archive_read_support_format_tar(r.get());
+  if (archive_read_open_fd(r.get(), file.fd(), kBlock) != ARCHIVE_OK) {
     throw malformed_file(file.path(),
-                         "a damaged tar archive, met before its first member: " + why(r.a));
+                         "a damaged tar archive, met before its first member: " + why(r.get()));
   }
+  return r;
 }
 
 /// The next member's header, or nullptr at the end; damage names the byte it was met at.
-archive_entry* next_header(ReadArchive& r, const std::string& path) {
+archive_entry* next_header(const ReadArchive& r, const std::string& path) {
   archive_entry* entry = nullptr;
-  const int rc = archive_read_next_header(r.a, &entry);
+  const int rc = archive_read_next_header(r.get(), &entry);
   if (rc == ARCHIVE_EOF) return nullptr;
   if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
     throw malformed_file(path, "a damaged tar archive at byte " +
-                                   std::to_string(archive_read_header_position(r.a)) +
-                                   " of its tar stream: " + why(r.a));
+                                   std::to_string(archive_read_header_position(r.get())) +
+                                   " of its tar stream: " + why(r.get()));
   }
   return entry;
 }
@@ -106,15 +95,29 @@ la_ssize_t write_to_stream(archive*, void* client, const void* buffer, size_t le
   return *out ? static_cast<la_ssize_t>(length) : -1;
 }
 
-void copy_data(ReadArchive& r, WriteArchive& w, const std::string& path, const std::string& name) {
+/// Hands the current member's data to `sink`, a block at a time.
+template <typename Sink>
+void each_block(const ReadArchive& r, const std::string& path, const std::string& name,
+                Sink&& sink) {
   std::unique_ptr<char[]> buffer(new char[kBlock]);
   for (;;) {
-    const la_ssize_t n = archive_read_data(r.a, buffer.get(), kBlock);
+    const la_ssize_t n = archive_read_data(r.get(), buffer.get(), kBlock);
     if (n == 0) return;
-    if (n < 0) throw malformed_file(path, "the member '" + name + "' is damaged: " + why(r.a));
-    if (archive_write_data(w.a, buffer.get(), static_cast<size_t>(n)) != n) {
-      throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.a));
-    }
+    if (n < 0) throw malformed_file(path, "the member '" + name + "' is damaged: " + why(r.get()));
+    sink(buffer.get(), static_cast<size_t>(n));
+  }
+}
+
+bool gzipped(const ReadArchive& r) {
+  for (int i = 0; i < archive_filter_count(r.get()); ++i) {
+    if (archive_filter_code(r.get(), i) == ARCHIVE_FILTER_GZIP) return true;
+  }
+  return false;
+}
+
+void write_data(const WriteArchive& w, const std::string& path, const char* data, size_t n) {
+  if (archive_write_data(w.get(), data, n) != static_cast<la_ssize_t>(n)) {
+    throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.get()));
   }
 }
 
@@ -135,8 +138,7 @@ bool looks_like_tar(const std::string& path) {
 
 TarListing list_tar(const std::string& path) {
   const InputFile file(path);
-  ReadArchive r;
-  open_for_reading(r, file);
+  const auto r = open_for_reading(file);
   TarListing out;
   std::set<std::string> seen;
   while (archive_entry* entry = next_header(r, path)) {
@@ -144,7 +146,7 @@ TarListing list_tar(const std::string& path) {
     const char* name = archive_entry_pathname(entry);
     m.name = name ? name : "";
     m.path = without_dot_slash(m.name);
-    m.header = archive_read_header_position(r.a);
+    m.header = archive_read_header_position(r.get());
     m.size = static_cast<uint64_t>(std::max<la_int64_t>(0, archive_entry_size(entry)));
     m.regular = archive_entry_filetype(entry) == AE_IFREG && !archive_entry_hardlink(entry);
     m.folder = archive_entry_filetype(entry) == AE_IFDIR;
@@ -167,33 +169,28 @@ TarListing list_tar(const std::string& path) {
                                      " is stored twice; which one counts is not defined");
     }
     // Reading on checks the member's data (a truncated archive ends inside it).
-    if (archive_read_data_skip(r.a) != ARCHIVE_OK) {
-      throw malformed_file(path, "the member '" + m.name + "'" + at + " is damaged: " + why(r.a));
+    if (archive_read_data_skip(r.get()) != ARCHIVE_OK) {
+      throw malformed_file(path,
+                           "the member '" + m.name + "'" + at + " is damaged: " + why(r.get()));
     }
     out.members.push_back(std::move(m));
   }
-  for (int i = 0; i < archive_filter_count(r.a); ++i) {
-    if (archive_filter_code(r.a, i) == ARCHIVE_FILTER_GZIP) out.gzip = true;
-  }
+  out.gzip = gzipped(r);
   if (out.members.empty()) throw malformed_file(path, "a tar archive with no member");
   return out;
 }
 
 void extract_tar_member(const std::string& path, const std::string& name, std::ostream& out) {
   const InputFile file(path);
-  ReadArchive r;
-  open_for_reading(r, file);
+  const auto r = open_for_reading(file);
   while (archive_entry* entry = next_header(r, path)) {
     const char* stored = archive_entry_pathname(entry);
     if (!stored || name != stored) continue;
-    std::unique_ptr<char[]> buffer(new char[kBlock]);
-    for (;;) {
-      const la_ssize_t n = archive_read_data(r.a, buffer.get(), kBlock);
-      if (n == 0) return;
-      if (n < 0) throw malformed_file(path, "the member '" + name + "' is damaged: " + why(r.a));
-      out.write(buffer.get(), n);
+    each_block(r, path, name, [&](const char* data, size_t n) {
+      out.write(data, static_cast<std::streamsize>(n));
       if (!out) throw Error(ErrorCode::kInvalidArgument, path, "cannot copy '" + name + "' out");
-    }
+    });
+    return;
   }
   throw malformed_file(path, "no member '" + name + "'");
 }
@@ -201,9 +198,8 @@ void extract_tar_member(const std::string& path, const std::string& name, std::o
 void rewrite_tar_member(const std::string& path, const std::string& name,
                         const std::string& replacement, std::ostream& out) {
   const InputFile file(path);
-  ReadArchive r;
-  open_for_reading(r, file);
-  WriteArchive w;
+  const auto r = open_for_reading(file);
+  WriteArchive w(archive_write_new(), &archive_write_free);
   bool opened = false;
   bool replaced = false;
   while (archive_entry* entry = next_header(r, path)) {
@@ -211,19 +207,20 @@ void rewrite_tar_member(const std::string& path, const std::string& name,
       // The reader knows the format once it has read a header: GNU tar stays GNU tar, and
       // ustar or pax (what tarfile writes) is written as restricted pax, plain ustar headers
       // with extensions only where a name or size needs one.
-      const int format = archive_format(r.a);
-      (format == ARCHIVE_FORMAT_TAR_GNUTAR ? archive_write_set_format_gnutar(w.a)
-                                           : archive_write_set_format_pax_restricted(w.a));
-      for (int i = 0; i < archive_filter_count(r.a); ++i) {
-        if (archive_filter_code(r.a, i) == ARCHIVE_FILTER_GZIP) archive_write_add_filter_gzip(w.a);
+      if (archive_format(r.get()) == ARCHIVE_FORMAT_TAR_GNUTAR) {
+        archive_write_set_format_gnutar(w.get());
+      } else {
+        archive_write_set_format_pax_restricted(w.get());
       }
-      if (archive_write_open(w.a, &out, nullptr, write_to_stream, nullptr) != ARCHIVE_OK) {
-        throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.a));
+      if (gzipped(r)) archive_write_add_filter_gzip(w.get());
+      if (archive_write_open(w.get(), &out, nullptr, write_to_stream, nullptr) != ARCHIVE_OK) {
+        throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.get()));
       }
       opened = true;
     }
     const char* stored = archive_entry_pathname(entry);
-    const bool swap = stored && name == stored;
+    const std::string member = stored ? stored : "";
+    const bool swap = member == name;
     std::ifstream in;
     if (swap) {
       in.open(replacement, std::ios::binary);
@@ -234,69 +231,25 @@ void rewrite_tar_member(const std::string& path, const std::string& name,
       archive_entry_set_size(entry, st.st_size);
       replaced = true;
     }
-    if (archive_write_header(w.a, entry) < ARCHIVE_WARN) {
-      throw Error(
-          ErrorCode::kInvalidArgument, path,
-          "cannot write the member '" + std::string(stored ? stored : "") + "': " + why(w.a));
+    if (archive_write_header(w.get(), entry) < ARCHIVE_WARN) {
+      throw Error(ErrorCode::kInvalidArgument, path,
+                  "cannot write the member '" + member + "': " + why(w.get()));
     }
     if (swap) {
       std::unique_ptr<char[]> buffer(new char[kBlock]);
       while (in) {
         in.read(buffer.get(), kBlock);
-        const auto n = in.gcount();
-        if (n > 0 && archive_write_data(w.a, buffer.get(), static_cast<size_t>(n)) != n) {
-          throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.a));
-        }
+        write_data(w, path, buffer.get(), static_cast<size_t>(in.gcount()));
       }
     } else {
-      copy_data(r, w, path, stored ? stored : "");
+      each_block(r, path, member,
+                 [&](const char* data, size_t n) { write_data(w, path, data, n); });
     }
   }
   if (!replaced) throw malformed_file(path, "no member '" + name + "'");
-  if (archive_write_close(w.a) != ARCHIVE_OK) {
-    throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.a));
+  if (archive_write_close(w.get()) != ARCHIVE_OK) {
+    throw Error(ErrorCode::kInvalidArgument, path, "cannot write the archive: " + why(w.get()));
   }
-}
-
-namespace {
-fs::path temporary_folder() {
-  const char* tmp = std::getenv("TMPDIR");
-  return (tmp && *tmp) ? fs::path(tmp) : fs::path("/tmp");
-}
-}  // namespace
-
-UnnamedFile::UnnamedFile() {
-  const auto folder = temporary_folder().string();
-  fd_ = ::open(folder.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd_ < 0) {
-    // A file system without O_TMPFILE: a new name, removed at once.
-    std::string pattern = folder + "/wrapcert-scratch-XXXXXX";
-    fd_ = ::mkostemp(pattern.data(), O_CLOEXEC);
-    if (fd_ >= 0) ::unlink(pattern.c_str());
-  }
-  if (fd_ < 0) {
-    throw Error(ErrorCode::kInvalidArgument, folder,
-                "cannot make a scratch file in " + folder + ": " + std::strerror(errno));
-  }
-  path_ = "/proc/self/fd/" + std::to_string(fd_);
-}
-
-UnnamedFile::~UnnamedFile() {
-  ::close(fd_);
-}
-
-ScratchFolder::ScratchFolder() {
-  std::string pattern = (temporary_folder() / "wrapcert-scratch-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    throw Error(ErrorCode::kInvalidArgument, pattern,
-                "cannot make a scratch folder: " + std::string(std::strerror(errno)));
-  }
-  path_ = pattern;
-}
-
-ScratchFolder::~ScratchFolder() {
-  std::error_code ignored;
-  fs::remove_all(path_, ignored);
 }
 
 }  // namespace wrapcert::detail

@@ -46,34 +46,4 @@ void extract_tar_member(const std::string& path, const std::string& name, std::o
 void rewrite_tar_member(const std::string& path, const std::string& name,
                         const std::string& replacement, std::ostream& out);
 
-/// A file of this process's own with no name in any folder (`O_TMPFILE` under `$TMPDIR`, or
-/// /tmp), so that nothing is left behind however the process ends; written and read through
-/// `path()` ("/proc/self/fd/N") while this object lives.
-class UnnamedFile {
- public:
-  UnnamedFile();
-  ~UnnamedFile();
-  UnnamedFile(const UnnamedFile&) = delete;
-  UnnamedFile& operator=(const UnnamedFile&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  int fd_ = -1;
-  std::string path_;
-};
-
-/// A folder of this process's own, made new under `$TMPDIR` (or /tmp) and removed with what it
-/// holds when destroyed.
-class ScratchFolder {
- public:
-  ScratchFolder();
-  ~ScratchFolder();
-  ScratchFolder(const ScratchFolder&) = delete;
-  ScratchFolder& operator=(const ScratchFolder&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 }  // namespace wrapcert::detail
