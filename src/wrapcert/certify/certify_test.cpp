@@ -2,6 +2,7 @@
 #include <wrapcert/distributed.h>
 #include <wrapcert/error.h>
 #include <wrapcert/fixtures/certification.h>
+#include <wrapcert/test_support/cases.h>
 #include <wrapcert/test_support/contract_kinds.h>
 #include <wrapcert/wrappers.h>
 
@@ -23,6 +24,7 @@ namespace wrapcert::certify {
 namespace {
 
 using ::testing::HasSubstr;
+using wrapcert::test_support::cases_to_pass;
 
 /// A correct new kind: its own type and slot, a pass-through.
 class RelayImpl : public WrapperImpl {
@@ -96,8 +98,15 @@ Options quick() {
   return o;
 }
 
+/// `quick()` for a run that must pass: fewer cases under the sanitizers (test_support/cases.h).
+Options quick_pass() {
+  auto o = quick();
+  o.cases = cases_to_pass(o.cases);
+  return o;
+}
+
 TEST(Certify, CertifiesACorrectNewKind) {
-  const auto report = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  const auto report = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick_pass());
   EXPECT_TRUE(report.passed()) << to_markdown(report);
   size_t relay = 0;
   for (const auto& e : report.entries) {
@@ -118,7 +127,7 @@ TEST(Certify, CertifiesACorrectNewKind) {
 TEST(Certify, EachReportSaysWhatAPassExercised) {
   auto o = quick();
   o.models = {};
-  o.cases = 30;
+  o.cases = cases_to_pass(30);
   o.properties = {"P2", "P17"};
   const auto report = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), o);
   ASSERT_TRUE(report.passed()) << to_markdown(report);
@@ -170,7 +179,7 @@ TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
   EXPECT_EQ(Registry::global().names(), before);
   // The correct kind is certified after the faulty one exactly as on its own: the faulty kind
   // is not drawn into its trees.
-  const auto relay = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick());
+  const auto relay = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick_pass());
   EXPECT_TRUE(relay.passed()) << to_markdown(relay);
   EXPECT_EQ(Registry::global().names(), before);
 }
@@ -246,6 +255,7 @@ TEST(Certify, ShowsTheLegacySubjectFailing) {
   const auto report = run(o);
   EXPECT_FALSE(report.passed());
   o.subject = BuiltinUnwrap::kReference;
+  o.cases = cases_to_pass(o.cases);
   EXPECT_TRUE(run(o).passed());
 }
 
@@ -319,7 +329,10 @@ TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
   const auto reference = props::subject(BuiltinUnwrap::kReference);
   o.custom_subject = [reference](const ModulePtr& wrapped) { return reference(wrapped); };
   o.custom_subject_name = "my_unwrap";
+  const int cases = o.cases;
+  o.cases = cases_to_pass(cases);
   EXPECT_TRUE(run(o).passed());
+  o.cases = cases;
   // One that loses the last key of what it would save.
   o.custom_subject = [reference](const ModulePtr& wrapped) {
     auto u = reference(wrapped);
@@ -410,7 +423,7 @@ TEST(Certify, PropertiesThatShareTheirCasesGiveTheRowsEachGivesAlone) {
     auto o = quick();
     o.models.clear();
     o.dtypes = {gen::Dtype::kFloat32};  // each dtype's group is the same code
-    o.cases = 30;
+    o.cases = r.rejected_by.empty() ? cases_to_pass(30) : 30;
     o.subject = r.subject;
     o.share_cases = false;
     const auto alone = run(r.kind, o);
@@ -445,7 +458,7 @@ TEST_P(CertifyContracts, EachDeclaredContractIsCheckedByThePropertyNamedForIt) {
   const auto kind = c.kind();
   auto o = quick();
   o.models = fixtures::certification_models({"gemma-2b", "tiny-mistral"});
-  o.cases = 30;
+  o.cases = c.rejected_by.empty() ? cases_to_pass(30) : 30;
   const auto report = run(kind, o);
   std::vector<std::string> failed;
   for (const auto& e : report.entries) {
@@ -675,7 +688,7 @@ TEST(Certify, RunsTheBuiltInFlatParameterMode) {
   EXPECT_THAT(Registry::global().names_with_modes(),
               ::testing::Contains("FullyShardedDataParallel[flat]"));
   o.kinds = {"FullyShardedDataParallel[flat]"};
-  o.cases = 40;
+  o.cases = cases_to_pass(40);
   const auto report = run(o);
   EXPECT_TRUE(report.passed()) << to_markdown(report);
   size_t checked = 0;
@@ -709,7 +722,7 @@ TEST(Certify, ChecksInChildProcessesDoNotWaitOnTheParentsProcessGroup) {
   auto ddp =
       std::make_shared<DistributedDataParallelImpl>(std::make_shared<torch::nn::LinearImpl>(3, 3));
   call(*ddp, torch::ones({2, 3})).sum().backward();
-  auto o = quick();
+  auto o = quick_pass();
   o.kinds = {"DistributedDataParallel"};
   o.models = fixtures::certification_models({"tiny-mistral"});
   o.timeout_seconds = 60;
