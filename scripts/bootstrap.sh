@@ -2,6 +2,7 @@
 # Installs what is missing (Debian 12, as root), then configures and builds wrapcert.
 # Used by scripts/main.sh, scripts/test.sh and scripts/bench.sh; safe to run again.
 #   scripts/bootstrap.sh [TARGET...]   build only these targets (default: everything)
+#   scripts/bootstrap.sh --packages    install what is missing, and nothing else
 #   BUILD_DIR  build folder (default: build)
 #   WRAPCERT_CMAKE_ARGS  extra arguments for the configure step
 #   WRAPCERT_NO_APT=1    install nothing (e.g. with your own LibTorch via CMAKE_PREFIX_PATH)
@@ -34,6 +35,8 @@ if [ ${#missing[@]} -gt 0 ] && [ "${WRAPCERT_NO_APT:-0}" != 1 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[ "${1:-}" = --packages ] && exit 0
 
 # ccache hits across clones: paths under the checkout are hashed relative to it.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"

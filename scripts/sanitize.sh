@@ -5,7 +5,7 @@
 # whole build when given arguments). Then runs the unit, regression and adversarial suites, a
 # reduced property profile, and each fuzz target for WRAPCERT_FUZZ_SECONDS (default 20) from
 # its committed corpus. Arguments go to ctest instead; `--build-only` builds the suites and runs
-# nothing (scripts/test.sh builds them beside the main suites).
+# nothing (scripts/test.sh builds them beside the main build and suites).
 #   SANITIZE_BUILD_DIR  build folder (default: build-asan)
 set -euo pipefail
 cd "$(dirname "$0")/.."

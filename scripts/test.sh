@@ -6,7 +6,8 @@
 # build. With arguments, they go to ctest on the main build only (e.g.
 # `scripts/test.sh -L unit`, `scripts/test.sh -L slow`, `scripts/test.sh -R SeedThread`,
 # `scripts/test.sh -L area:io`), except --changed (below).
-# Without arguments, the sanitizer build runs beside the main suites (at the lowest priority), and
+# Without arguments, the sanitizer build runs beside the main build and suites (at the lowest
+# priority), and
 # each stage's time is kept in $BUILD_DIR/test-times.json for the benchmark report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,28 +74,32 @@ fresh=true
   fresh=false
 now() { date +%s.%N; }
 t0=$(now)
-# The sanitizer stage builds and runs these suites (the same tests, by the same labels).
-"$(pwd)/scripts/bootstrap.sh" wrapcert_main_suites
-t1=$(now)
-# The sanitizer build runs beside the main suites at the lowest priority: it gets the CPU time
-# they leave idle (Python workers starting, ranks that run one at a time, limits waited out) and
-# little else. Its own process group (job control on while it starts), so that a failed main
-# suite stops all of it; the same session, where Linux's autogroups would otherwise give it as
-# much CPU time as the suites.
+# Packages first, once: the two builds below would otherwise both install them.
+"$(pwd)/scripts/bootstrap.sh" --packages
+# The sanitizer build runs beside the main build and then the main suites, at the lowest
+# priority: it gets the CPU time they leave idle (a build's last long unit and its links, Python
+# workers starting, ranks that run one at a time, limits waited out) and little else. Its own
+# process group (job control on while it starts), so that a failed main build or suite stops
+# all of it; the same session, where Linux's autogroups would otherwise give it as much CPU
+# time as the suites.
+mkdir -p "$build_dir"
 sanitizer_log="$build_dir/sanitizer-build.log"
 if [ -L "$sanitizer_log" ] || { [ -e "$sanitizer_log" ] && [ ! -f "$sanitizer_log" ]; }; then
   echo "wrapcert: $sanitizer_log is not a regular file; not writing over it" >&2
   exit 1
 fi
 set -m
-nice -n 19 "$(pwd)/scripts/sanitize.sh" --build-only > "$sanitizer_log" 2>&1 &
+WRAPCERT_NO_APT=1 nice -n 19 "$(pwd)/scripts/sanitize.sh" --build-only > "$sanitizer_log" 2>&1 &
 sanitizer_build=$!
 set +m
 trap '[ -z "$sanitizer_build" ] || kill -- "-$sanitizer_build" 2>/dev/null || true' EXIT
+# The sanitizer stage builds and runs these suites (the same tests, by the same labels).
+"$(pwd)/scripts/bootstrap.sh" wrapcert_main_suites
+t1=$(now)
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" \
   -LE 'slow|unit|regression|adversarial'
 t2=$(now)
-echo "wrapcert: the sanitizer build, beside the main suites:"
+echo "wrapcert: the sanitizer build, beside the main build and suites:"
 built=0
 wait "$sanitizer_build" || built=$?
 sanitizer_build=""

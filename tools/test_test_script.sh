@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/test.sh's own stages, on a copy whose set-up, sanitizer stage and ctest are stand-ins:
-# the sanitizer build runs beside the main suites at nice 19 in its own process group of the same
-# session; a failed main suite stops it and gives ctest's status; a failed build gives its own,
+# the packages are installed first, once; the sanitizer build runs beside the main build and
+# suites at nice 19 in its own process group of the same session, installing nothing; a failed main suite stops it and gives ctest's status; a failed build gives its own,
 # with its log; the log is never written through a link.
 #   tools/test_test_script.sh
 set -uo pipefail
@@ -16,13 +16,14 @@ cp "$src/tools/record_times.py" "$dir/tools/"
 git -C "$dir" init -q
 cat > "$dir/scripts/bootstrap.sh" <<'EOF'
 #!/usr/bin/env bash
-echo "bootstrap $*"
+echo "bootstrap $* (no apt: ${WRAPCERT_NO_APT:-0})"
+[ "${1:-}" != wrapcert_main_suites ] || exit "${MAIN_BUILD_STATUS:-0}"
 EOF
 cat > "$dir/scripts/sanitize.sh" <<'EOF'
 #!/usr/bin/env bash
 if [ "${1:-}" = --build-only ]; then
   # What the build ran as: its nice, whether it leads its own process group, its session.
-  echo "sanitizer build: nice $(nice) pgid $(ps -o pgid= -p $$) pid $$ sid $(ps -o sid= -p $$)"
+  echo "sanitizer build: nice $(nice) pgid $(ps -o pgid= -p $$) pid $$ sid $(ps -o sid= -p $$) apt ${WRAPCERT_NO_APT:-0}"
   sleep "${BUILD_SECONDS:-1}"
   exit "${BUILD_STATUS:-0}"
 fi
@@ -41,10 +42,14 @@ run() { PATH="$dir/bin:$PATH" "$dir/scripts/test.sh" > "$dir/out.txt" 2>&1; }
 run || { cat "$dir/out.txt"; fail "test.sh failed where every stage passed"; }
 grep -q "sanitizer suites" "$dir/out.txt" || fail "the sanitizer suites did not run"
 line=$(grep "sanitizer build: " "$dir/out.txt") || fail "the sanitizer build's log was not shown"
-read -r _ _ _ nice _ pgid _ pid _ sid <<< "$line"
+read -r _ _ _ nice _ pgid _ pid _ sid _ no_apt <<< "$line"
+[ "$no_apt" = 1 ] || fail "the sanitizer build may install packages beside the main build"
 [ "$nice" = 19 ] || fail "the sanitizer build ran at nice $nice, not 19"
 [ "$pgid" = "$pid" ] || fail "the sanitizer build is not in a process group of its own"
 main_sid=$(sed -n 's/^main suites: sid *//p' "$dir/out.txt")
+[ "$(grep -m1 '^bootstrap' "$dir/out.txt")" = "bootstrap --packages (no apt: 0)" ] ||
+  fail "the packages were not installed first: $(grep '^bootstrap' "$dir/out.txt")"
+grep -q "^bootstrap wrapcert_main_suites (no apt: 0)" "$dir/out.txt" || fail "no main build"
 [ "$sid" = "$main_sid" ] || fail "the sanitizer build is in another session (another autogroup)"
 /usr/bin/python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))["seconds"]
@@ -59,6 +64,14 @@ code=$?
 sleep 0.5
 if pgrep -f -- "$dir/scripts/sanitize.sh" > /dev/null; then fail "the sanitizer build kept running"; fi
 
+# A failed main build: its status, no suites run, nothing of the sanitizer build left running.
+MAIN_BUILD_STATUS=5 BUILD_SECONDS=30 run
+code=$?
+[ "$code" -eq 5 ] || fail "a failed main build gave $code, not 5"
+if grep -q "main suites" "$dir/out.txt"; then fail "the main suites ran after a failed build"; fi
+sleep 0.5
+if pgrep -f -- "$dir/scripts/sanitize.sh" > /dev/null; then fail "the sanitizer build kept running after the main build failed"; fi
+
 # A failed sanitizer build: its status, its log shown, no suites run.
 BUILD_STATUS=3 run
 code=$?
@@ -72,4 +85,4 @@ ln -s "$dir/elsewhere" "$dir/build/sanitizer-build.log"
 run && fail "test.sh wrote its log through a link"
 grep -q "not a regular file" "$dir/out.txt" || fail "the refusal does not say why"
 [ ! -e "$dir/elsewhere" ] || fail "something was written through the link"
-echo "scripts/test.sh: the sanitizer build beside the main suites, stopped and reported as it should"
+echo "scripts/test.sh: the sanitizer build beside the main build and suites, stopped and reported as it should"
