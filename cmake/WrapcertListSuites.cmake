@@ -1,6 +1,7 @@
 # Run by wrapcert_discover_suites after a test executable is built (cmake -P): lists its
 # googletest suites and writes one ctest test per suite to TEST_FILE.
-#   TEST_EXECUTABLE, TEST_TARGET, TEST_LABELS (a list), TEST_WORKING_DIRECTORY, TEST_FILE
+#   TEST_EXECUTABLE, TEST_TARGET, TEST_LABELS (a list), TEST_WORKING_DIRECTORY, TEST_FILE,
+#   TEST_COSTS (`Suite=seconds,...`: ctest's COST of the suites named)
 cmake_minimum_required(VERSION 3.23)
 
 # The limit is there for an executable that hangs, and is counted in wall time: scripts/test.sh
@@ -69,11 +70,16 @@ foreach(line IN LISTS lines)
     continue()
   endif()
   set(labels ${TEST_LABELS} ${areas_of_${suite}})
+  set(cost 0)
+  if(",${TEST_COSTS}" MATCHES ",${suite}=([0-9]+),")
+    set(cost "${CMAKE_MATCH_1}")
+  endif()
   string(APPEND script
          "add_test([==[${suite}]==] [==[${TEST_EXECUTABLE}]==] [==[--gtest_filter=${suite}.*]==])\n"
          "set_tests_properties([==[${suite}]==] PROPERTIES\n"
          "  WORKING_DIRECTORY [==[${TEST_WORKING_DIRECTORY}]==]\n"
          "  LABELS [==[${labels}]==]\n"
+         "  COST ${cost}\n"
          "  SKIP_REGULAR_EXPRESSION [==[wrapcert: every case skipped]==])\n")
   math(EXPR count "${count} + 1")
 endforeach()
