@@ -654,6 +654,24 @@ void write_all(int fd, const std::string& bytes) {
   }
 }
 
+/// LibTorch's intra-op threads set to one while it lives, and set back after: each check's
+/// child process then starts with one thread, as it must, without starting a pool to shrink.
+class OneThreadWhileChecking {
+ public:
+  explicit OneThreadWhileChecking(bool isolating)
+      : before_(isolating ? at::get_num_threads() : 1) {
+    if (before_ != 1) at::set_num_threads(1);
+  }
+  ~OneThreadWhileChecking() {
+    if (before_ != 1) at::set_num_threads(before_);
+  }
+  OneThreadWhileChecking(const OneThreadWhileChecking&) = delete;
+  OneThreadWhileChecking& operator=(const OneThreadWhileChecking&) = delete;
+
+ private:
+  int before_;
+};
+
 /// How a child process ended: what it sent back, or why it sent nothing.
 struct ChildOutcome {
   std::optional<std::string> verdict;  ///< the bytes `body` returned
@@ -687,8 +705,11 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
     ::close(fds[0]);
     g_progress_fd = fds[1];
     // Only this thread survives the fork: a thread pool the parent had running (OpenMP's, after
-    // any multi-threaded LibTorch op) would wait for workers that are not there.
-    at::set_num_threads(1);
+    // any multi-threaded LibTorch op) would wait for workers that are not there. Where the
+    // parent runs one thread already (`run` sees to it), setting it again would start a thread
+    // pool for nothing: LibTorch rebuilds its pthreadpool after a fork, at its full size, to
+    // shrink it.
+    if (at::get_num_threads() != 1) at::set_num_threads(1);
     write_frame(fds[1], 'v', body());
     ::_exit(0);  // no exit handlers: they belong to the parent
   }
@@ -956,6 +977,7 @@ Report run(const Options& options, const Listener& listener) {
   const auto& o = report.options;
   // rapidcheck reads RC_PARAMS (and says so) once per process: here, not in every child.
   detail::announce_configuration(o.seed);
+  const OneThreadWhileChecking one_thread(o.isolate);
   // Rows already given by a group of properties that shared their cases, by property and dtype.
   std::map<std::tuple<std::string, std::string, std::string>, Entry> shared;
   auto run = [&](const Entry& blank, const std::function<Entry()>& check) {

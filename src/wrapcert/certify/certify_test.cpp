@@ -6,6 +6,7 @@
 #include <wrapcert/test_support/contract_kinds.h>
 #include <wrapcert/wrappers.h>
 
+#include <ATen/Parallel.h>
 #include <torch/nn/modules/linear.h>
 
 #include <gmock/gmock.h>
@@ -182,6 +183,21 @@ TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
   const auto relay = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), quick_pass());
   EXPECT_TRUE(relay.passed()) << to_markdown(relay);
   EXPECT_EQ(Registry::global().names(), before);
+}
+
+TEST(Certify, RunsEachCheckOnOneThreadAndLeavesTheCallersThreadCountAsItWas) {
+  // The checks' children run one LibTorch thread (a pool the parent had is not in a child);
+  // the caller's own setting comes back when the run ends.
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  auto o = quick_pass();
+  o.models = {};
+  o.properties = {"P4"};
+  o.dtypes = {gen::Dtype::kFloat64};
+  const auto report = run(wrapper_kind<RelayImpl>("Relay", "_relayed_module"), o);
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+  EXPECT_EQ(at::get_num_threads(), 2);
+  at::set_num_threads(before);
 }
 
 TEST(Certify, RejectsAFaultyKindWithACounterexample) {
