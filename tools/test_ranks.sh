@@ -11,6 +11,9 @@
 #        torchrun  two ranks started by hand with torchrun's variables
 #        bad       a port in use, a rank that never joins, world sizes or seeds that differ, a
 #                  store that cannot be reached: clear errors within the limit
+# It finds the ranks it started by the plugin on their command line, and stops any it left:
+# two groups at once would see each other's ranks, so ctest runs them one at a time
+# (RESOURCE_LOCK), each beside the other tests.
 set -uo pipefail
 tool=$1 plugin=$2 group=$3
 python=/usr/bin/python3  # Debian's, as the other test scripts use (not whatever PATH finds)
