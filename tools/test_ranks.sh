@@ -18,6 +18,10 @@ set -uo pipefail
 tool=$1 plugin=$2 group=$3
 python=/usr/bin/python3  # Debian's, as the other test scripts use (not whatever PATH finds)
 dir=$(mktemp -d)
+# The ranks' log folders and store files go to $TMPDIR: a folder of this run's own, so that what
+# other tests leave in /tmp at the same time is not taken for this run's.
+export TMPDIR="$dir/tmp"
+mkdir "$TMPDIR"
 ranks="wrapcert certify .*$plugin"  # what a rank's command line looks like
 trap 'pkill -KILL -f -- "$ranks" 2>/dev/null; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -49,10 +53,10 @@ no_leftovers() {  # nothing of the run still running, no log folder or store fil
   sleep 0.5
   if pgrep -f -- "$ranks" >/dev/null; then pgrep -af -- "$ranks"; fail "a rank is still running"; fi
   local now
-  now=$(ls -d /tmp/wrapcert-ranks-* /tmp/wrapcert-store-* 2>/dev/null | sort)
+  now=$(ls -d "$TMPDIR"/wrapcert-ranks-* "$TMPDIR"/wrapcert-store-* 2>/dev/null | sort)
   [ "$now" = "$before" ] || fail "left behind: $(comm -13 <(echo "$before") <(echo "$now"))"
 }
-before=$(ls -d /tmp/wrapcert-ranks-* /tmp/wrapcert-store-* 2>/dev/null | sort)
+before=$(ls -d "$TMPDIR"/wrapcert-ranks-* "$TMPDIR"/wrapcert-store-* 2>/dev/null | sort)
 
 case $group in
   builtin)
@@ -92,6 +96,11 @@ case $group in
     no_leftovers
     ;;
   ends)
+    # The log folders go to $TMPDIR (the leftovers checked below are looked for there): one
+    # that is not there is named.
+    TMPDIR="$dir/missing" run 2 certify --plugin "$plugin" --world-size 2 --cases 2 --seed 3 \
+      --wrappers KillsRank1 --properties P4
+    grep -q "no temporary folder (\$TMPDIR)" "$dir/out.txt" || fail "a missing TMPDIR is not named"
     start=$(date +%s)
     run 1 certify --plugin "$plugin" --world-size 2 --cases 10 --seed 3 --timeout 20 \
       --wrappers KillsRank1 --properties P4 --dtypes float64 --json "$dir/kill.json"

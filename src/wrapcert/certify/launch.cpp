@@ -155,10 +155,17 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
   if (world.size < 1) throw Error(ErrorCode::kInvalidArgument, "world_size", "must be at least 1");
   if (world.command.empty()) throw Error(ErrorCode::kInvalidArgument, "", "no rank command");
   StoreServer store(0);
-  char dir_template[] = "/tmp/wrapcert-ranks-XXXXXX";
-  if (!::mkdtemp(dir_template)) {
+  // In $TMPDIR (or /tmp), as every temporary folder of wrapcert's.
+  std::error_code ec;
+  const auto tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) {
     throw Error(ErrorCode::kInvalidArgument, "",
-                std::string("cannot make a log folder: ") + std::strerror(errno));
+                "cannot make a log folder: no temporary folder ($TMPDIR): " + ec.message());
+  }
+  auto dir_template = (tmp / "wrapcert-ranks-XXXXXX").string();
+  if (!::mkdtemp(dir_template.data())) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                "cannot make a log folder in " + dir_template + ": " + std::strerror(errno));
   }
   const std::filesystem::path dir = dir_template;
   Report report;
