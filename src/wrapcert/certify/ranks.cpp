@@ -730,8 +730,12 @@ std::string save_shards(const std::vector<Held>& held, int rank, json& index) {
     index.push_back(
         {{"key", h.clean}, {"offset", h.offset}, {"numel", h.values.numel()}, {"name", name}});
   }
-  char folder[] = "/tmp/wrapcert-save-XXXXXX";
-  if (!::mkdtemp(folder)) throw Error(ErrorCode::kInvalidArgument, "", "cannot make a folder");
+  std::error_code ec;
+  auto folder = (std::filesystem::temp_directory_path(ec) / "wrapcert-save-XXXXXX").string();
+  if (ec || !::mkdtemp(folder.data())) {
+    throw Error(ErrorCode::kInvalidArgument, "",
+                "cannot make a folder in $TMPDIR (or /tmp) to save this rank's shards");
+  }
   const auto file = std::filesystem::path(folder) / ("shard-" + std::to_string(rank) + ".pt");
   std::string bytes;
   try {
