@@ -1,6 +1,7 @@
 #include <wrapcert/certify/launch.h>
 #include <wrapcert/certify/ranks.h>
 #include <wrapcert/error.h>
+#include <wrapcert/io/detail/scratch.h>
 #include <wrapcert/process_group.h>
 
 #include <fcntl.h>
@@ -155,19 +156,9 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
   if (world.size < 1) throw Error(ErrorCode::kInvalidArgument, "world_size", "must be at least 1");
   if (world.command.empty()) throw Error(ErrorCode::kInvalidArgument, "", "no rank command");
   StoreServer store(0);
-  // In $TMPDIR (or /tmp), as every temporary folder of wrapcert's.
-  std::error_code ec;
-  const auto tmp = std::filesystem::temp_directory_path(ec);
-  if (ec) {
-    throw Error(ErrorCode::kInvalidArgument, "",
-                "cannot make a log folder: no temporary folder ($TMPDIR): " + ec.message());
-  }
-  auto dir_template = (tmp / "wrapcert-ranks-XXXXXX").string();
-  if (!::mkdtemp(dir_template.data())) {
-    throw Error(ErrorCode::kInvalidArgument, "",
-                "cannot make a log folder in " + dir_template + ": " + std::strerror(errno));
-  }
-  const std::filesystem::path dir = dir_template;
+  // The ranks' logs, in $TMPDIR (or /tmp); removed when the run ends, however it ends.
+  const detail::ScratchFolder logs("wrapcert-ranks");
+  const std::filesystem::path dir = logs.path();
   Report report;
   report.options = options;
   std::vector<Rank> ranks(static_cast<size_t>(world.size));
@@ -378,8 +369,6 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
     }
     report.entries.push_back(std::move(entry));
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
   return report;
 }
 

@@ -5,6 +5,7 @@
 #include <wrapcert/detail/blame.h>
 #include <wrapcert/error.h>
 #include <wrapcert/gen/build.h>
+#include <wrapcert/io/detail/scratch.h>
 #include <wrapcert/keys.h>
 #include <wrapcert/process_group.h>
 #include <wrapcert/sharding.h>
@@ -730,24 +731,12 @@ std::string save_shards(const std::vector<Held>& held, int rank, json& index) {
     index.push_back(
         {{"key", h.clean}, {"offset", h.offset}, {"numel", h.values.numel()}, {"name", name}});
   }
-  std::error_code ec;
-  auto folder = (std::filesystem::temp_directory_path(ec) / "wrapcert-save-XXXXXX").string();
-  if (ec || !::mkdtemp(folder.data())) {
-    throw Error(ErrorCode::kInvalidArgument, "",
-                "cannot make a folder in $TMPDIR (or /tmp) to save this rank's shards");
-  }
-  const auto file = std::filesystem::path(folder) / ("shard-" + std::to_string(rank) + ".pt");
-  std::string bytes;
-  try {
-    archive.save_to(file.string());
-    std::ifstream in(file, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (...) {
-    std::filesystem::remove_all(folder);
-    throw;
-  }
-  std::filesystem::remove_all(folder);
-  return bytes;
+  const detail::ScratchFolder folder("wrapcert-save");
+  const auto file =
+      std::filesystem::path(folder.path()) / ("shard-" + std::to_string(rank) + ".pt");
+  archive.save_to(file.string());
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 Verdict round_trip_across_ranks(const gen::TreeSpec& spec, const Case& c) {
