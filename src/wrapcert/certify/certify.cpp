@@ -658,8 +658,7 @@ void write_all(int fd, const std::string& bytes) {
 /// child process then starts with one thread, as it must, without starting a pool to shrink.
 class OneThreadWhileChecking {
  public:
-  explicit OneThreadWhileChecking(bool isolating)
-      : before_(isolating ? at::get_num_threads() : 1) {
+  explicit OneThreadWhileChecking(bool isolating) : before_(isolating ? at::get_num_threads() : 1) {
     if (before_ != 1) at::set_num_threads(1);
   }
   ~OneThreadWhileChecking() {
