@@ -7,8 +7,8 @@
 # `scripts/test.sh -L unit`, `scripts/test.sh -L slow`, `scripts/test.sh -R SeedThread`,
 # `scripts/test.sh -L area:io`), except --changed (below).
 # Without arguments, the sanitizer build runs beside the main build and suites (at the lowest
-# priority), and
-# each stage's time is kept in $BUILD_DIR/test-times.json for the benchmark report.
+# priority), and each stage's time is kept in $BUILD_DIR/test-times.json for the benchmark
+# report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # `scripts/test.sh --changed [REF]`: builds the main build and runs, first, the tests that cover
@@ -45,7 +45,8 @@ if [ "${1:-}" = --changed ]; then
   run() { ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"; }
   if $every; then
     echo "wrapcert: the core, the build or the test support changed: every test"
-    exec ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" -LE slow
+    run -LE slow
+    exit 0
   fi
   if [ ${#areas[@]} -eq 0 ]; then
     echo "wrapcert: no change since $ref that a test covers"
