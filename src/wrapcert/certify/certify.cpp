@@ -10,7 +10,9 @@
 #include <wrapcert/wrap.h>
 #include <wrapcert/wrappers.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <rapidcheck.h>
@@ -671,6 +673,22 @@ class OneThreadWhileChecking {
   int before_;
 };
 
+/// Why a child process gave no verdict: stopped as hung after `limit` seconds, killed by a
+/// signal, or ended (with `status`) before sending one.
+std::string how_it_ended(bool timed_out, int limit, int status, bool on_case) {
+  const std::string shown = on_case ? " on the case shown" : "";
+  if (timed_out)
+    return "did not finish within " + std::to_string(limit) + " s: stopped as hung" + shown;
+  if (WIFSIGNALED(status)) {
+    return std::string("crashed: signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           ::strsignal(WTERMSIG(status)) + ")" + shown;
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+    return "exited with status " + std::to_string(WEXITSTATUS(status)) + " before giving a verdict";
+  }
+  return "ended without a verdict";
+}
+
 /// How a child process ended: what it sent back, or why it sent nothing.
 struct ChildOutcome {
   std::optional<std::string> verdict;  ///< the bytes `body` returned
@@ -760,18 +778,8 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
     at += 5 + length;
   }
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const std::string on_case = out.running.empty() ? "" : " on the case shown";
-  if (timed_out) {
-    out.failure =
-        "did not finish within " + std::to_string(limit) + " s: stopped as hung" + on_case;
-  } else if (WIFSIGNALED(status)) {
-    out.failure = std::string("crashed: signal ") + std::to_string(WTERMSIG(status)) + " (" +
-                  ::strsignal(WTERMSIG(status)) + ")" + on_case;
-  } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-    out.failure =
-        "exited with status " + std::to_string(WEXITSTATUS(status)) + " before giving a verdict";
-  } else if (!verdict) {
-    out.failure = "ended without a verdict";
+  if (timed_out || !verdict || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    out.failure = how_it_ended(timed_out, limit, status, !out.running.empty());
   } else {
     out.verdict = std::move(verdict);
   }
@@ -849,6 +857,220 @@ std::vector<std::optional<Entry>> run_shared_isolated(
     return entries;
   } catch (const nlohmann::json::exception&) {
     return none;
+  }
+}
+
+/// A check of a run, in the order of the report: its row before it runs, and what runs it; or
+/// the row a group of properties that shared their cases already gave.
+struct Pending {
+  Entry blank;
+  std::function<Entry()> check;
+  std::optional<Entry> given;
+};
+
+/// What a check could leave changed in its process that the next check's verdict depends on:
+/// LibTorch's process-wide modes and settings. (Its random numbers are set back before each
+/// check instead.)
+struct ProcessSettings {
+  bool grad = true;
+  bool inference = false;
+  bool autocast = false;
+  bool deterministic = false;
+  int threads = 1;
+  caffe2::TypeMeta dtype;
+
+  static ProcessSettings now() {
+    ProcessSettings s;
+    s.grad = at::GradMode::is_enabled();
+    s.inference = c10::InferenceMode::is_enabled();
+    s.autocast = at::autocast::is_enabled() || at::autocast::is_cpu_enabled();
+    s.deterministic = at::globalContext().deterministicAlgorithms();
+    s.threads = at::get_num_threads();
+    s.dtype = c10::get_default_dtype();
+    return s;
+  }
+  bool operator==(const ProcessSettings& o) const {
+    return grad == o.grad && inference == o.inference && autocast == o.autocast &&
+           deterministic == o.deterministic && threads == o.threads && dtype == o.dtype;
+  }
+};
+
+/// A child's part of `run_in_children`: runs `queue[todo[at]]`, `queue[todo[at + 1]]`, ... one
+/// after another, each from the random state the child started with, and sends for each a
+/// start frame ('s', its position in `todo`), the cases it runs ('c') and its row ('v'). Stops
+/// after a row that failed or a check that left the process's settings changed.
+[[noreturn]] void run_checks_here(int fd, const std::vector<Pending>& queue,
+                                  const std::vector<size_t>& todo, size_t next) {
+  g_progress_fd = fd;
+  if (at::get_num_threads() != 1) at::set_num_threads(1);  // see run_in_child
+  auto generator = at::detail::getDefaultCPUGenerator();   // a handle: the process's generator
+  at::Tensor random_state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    random_state = generator.get_state();
+  }
+  const auto settings = ProcessSettings::now();
+  for (; next < todo.size(); ++next) {
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(random_state);
+    }
+    write_frame(fd, 's', std::to_string(next));
+    const auto& pending = queue[todo[next]];
+    Entry entry = pending.blank;
+    try {
+      entry = pending.check();
+    } catch (const std::exception& e) {
+      entry.status = Status::kFailed;
+      entry.reason = first_line(e.what());
+    } catch (...) {
+      entry.status = Status::kFailed;
+      entry.reason = "threw something that is not an exception";
+    }
+    write_frame(fd, 'v', to_json_value(entry).dump());
+    if (entry.status == Status::kFailed || !(ProcessSettings::now() == settings)) break;
+  }
+  ::_exit(0);  // no exit handlers: they belong to the parent
+}
+
+/// Runs the checks `todo` of `queue` (positions in it, in order) in child processes, calling
+/// `started` as each starts and `finished` with its row. A child runs checks one after another
+/// until one fails, crashes, hangs (`options.timeout_seconds` from its start) or leaves
+/// LibTorch's settings changed; the next check then starts in a new child. A check that fails
+/// in a child where others ran before it runs again alone, in a new child, and that run gives
+/// its row: no row depends on what ran before it in the same process.
+void run_in_children(const std::vector<Pending>& queue, const std::vector<size_t>& todo,
+                     const Options& options, const std::function<void(size_t)>& started,
+                     const std::function<void(size_t, Entry)>& finished) {
+  const int limit = options.timeout_seconds;
+  auto alone = [&](size_t i) {
+    const auto& p = queue[i];
+    return run_isolated(p.blank, options, p.check);
+  };
+  size_t next = 0;
+  while (next < todo.size()) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      throw Error(ErrorCode::kInvalidArgument, "",
+                  std::string("cannot isolate a check: ") + std::strerror(errno));
+    }
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw Error(ErrorCode::kInvalidArgument, "",
+                  std::string("cannot isolate a check: ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+      ::close(fds[0]);
+      run_checks_here(fds[1], queue, todo, next);
+    }
+    ::close(fds[1]);
+    std::string data;
+    size_t parsed = 0;
+    constexpr size_t kNone = static_cast<size_t>(-1);
+    size_t current = kNone;       // the position in `todo` of the check running now
+    std::optional<Entry> failed;  // a failed row of `current`, before it is confirmed
+    size_t ran = 0;               // checks this child finished
+    std::string running;
+    auto start = Clock::now();
+    bool timed_out = false;
+    bool ended = false;
+    while (!ended && !failed) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            start + std::chrono::seconds(limit) - Clock::now())
+                            .count();
+      if (left <= 0) {
+        timed_out = true;
+        break;
+      }
+      pollfd in{fds[0], POLLIN, 0};
+      const int ready = ::poll(&in, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+      if (ready <= 0) continue;
+      char buffer[65536];
+      const auto n = ::read(fds[0], buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ended = true;
+        continue;
+      }
+      data.append(buffer, static_cast<size_t>(n));
+      while (!failed && parsed + 5 <= data.size()) {
+        uint32_t length = 0;
+        std::memcpy(&length, data.data() + parsed + 1, sizeof length);
+        if (parsed + 5 + length > data.size()) break;
+        const char tag = data[parsed];
+        auto frame = data.substr(parsed + 5, length);
+        parsed += 5 + length;
+        if (tag == 'c') {
+          running = std::move(frame);
+        } else if (tag == 's') {
+          current = std::stoul(frame);
+          running.clear();
+          start = Clock::now();
+          started(todo[current]);
+        } else if (tag == 'v' && current != kNone) {
+          Entry entry = queue[todo[current]].blank;
+          try {
+            entry = from_json_value(nlohmann::json::parse(frame));
+          } catch (const nlohmann::json::exception&) {
+            entry.status = Status::kFailed;
+            entry.reason = "ended without a verdict";
+          }
+          if (entry.status == Status::kFailed) {
+            failed = std::move(entry);
+            break;
+          }
+          finished(todo[current], std::move(entry));
+          ++ran;
+          next = current + 1;
+          current = kNone;
+          start = Clock::now();
+        }
+      }
+    }
+    ::close(fds[0]);
+    if (timed_out || failed) ::kill(pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (current == kNone && !failed) {
+      if (ended && WIFEXITED(status) && WEXITSTATUS(status) == 0 && ran > 0) continue;
+      // Ended between two checks, or before the first: the next check in a child of its own.
+      const auto i = todo[next++];
+      if (ran == 0) {
+        // Nothing ran in it: that check is what it was running, as in a child of its own.
+        started(i);
+        Entry entry = queue[i].blank;
+        entry.status = Status::kFailed;
+        entry.reason = how_it_ended(timed_out, limit, status, false);
+        entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        finished(i, std::move(entry));
+      } else {
+        started(i);
+        finished(i, alone(i));
+      }
+      continue;
+    }
+    const auto i = todo[current];
+    next = current + 1;
+    if (ran > 0) {
+      finished(i, alone(i));  // confirmed in a process where nothing ran before it
+      continue;
+    }
+    if (failed) {
+      finished(i, std::move(*failed));
+      continue;
+    }
+    Entry entry = queue[i].blank;
+    entry.status = Status::kFailed;
+    entry.reason = how_it_ended(timed_out, limit, status, !running.empty());
+    entry.counterexample = running;
+    entry.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    finished(i, std::move(entry));
   }
 }
 
@@ -979,15 +1201,48 @@ Report run(const Options& options, const Listener& listener) {
   const OneThreadWhileChecking one_thread(o.isolate);
   // Rows already given by a group of properties that shared their cases, by property and dtype.
   std::map<std::tuple<std::string, std::string, std::string>, Entry> shared;
-  auto run = [&](const Entry& blank, const std::function<Entry()>& check) {
-    if (listener) listener(blank, false);
+  // A kind's checks, queued in the order of the report and run together: in children (as few
+  // as `run_in_children` can), or here with `isolate` off.
+  std::vector<Pending> queue;
+  auto run = [&](const Entry& blank, std::function<Entry()> check) {
     const auto given = shared.find({blank.property, blank.target, blank.dtype});
-    Entry entry = given != shared.end() ? given->second
-                  : o.isolate           ? run_isolated(blank, o, check)
-                                        : check();
-    if (entry.status == Status::kFailed) entry.replay = replay_command(entry, o);
-    if (listener) listener(entry, true);
-    report.entries.push_back(std::move(entry));
+    queue.push_back({blank, std::move(check),
+                     given != shared.end() ? std::optional<Entry>(given->second) : std::nullopt});
+  };
+  auto flush = [&] {
+    std::vector<std::optional<Entry>> rows(queue.size());
+    size_t shown = 0;  // the rows given to the listener and the report, in order
+    auto finished = [&](size_t i, Entry entry) {
+      if (entry.status == Status::kFailed) entry.replay = replay_command(entry, o);
+      if (listener) listener(entry, true);
+      rows[i] = std::move(entry);
+    };
+    auto show_given = [&](size_t end) {  // the rows before `end` that shared cases gave
+      for (; shown < end; ++shown) {
+        if (!queue[shown].given) continue;  // a check: shown as it started
+        if (listener) listener(queue[shown].blank, false);
+        finished(shown, *queue[shown].given);
+      }
+    };
+    auto started = [&](size_t i) {
+      show_given(i);
+      if (listener) listener(queue[i].blank, false);
+      shown = i + 1;
+    };
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < queue.size(); ++i) {
+      if (queue[i].given) continue;
+      if (o.isolate) {
+        todo.push_back(i);
+      } else {
+        started(i);
+        finished(i, queue[i].check());
+      }
+    }
+    run_in_children(queue, todo, o, started, finished);
+    show_given(queue.size());
+    for (auto& row : rows) report.entries.push_back(std::move(*row));
+    queue.clear();
   };
   auto wanted = [&o](const std::string& property) {
     if (o.properties.empty()) return true;
@@ -1033,7 +1288,8 @@ Report run(const Options& options, const Listener& listener) {
       for (const auto dtype : o.dtypes) {
         auto blank = new_entry(kind, property.name, kGenerated);
         blank.dtype = gen::to_string(dtype);
-        run(blank, [&] { return run_generated(kind, property, subject, translator, o, dtype); });
+        run(blank,
+            [&, dtype] { return run_generated(kind, property, subject, translator, o, dtype); });
       }
     }
     if (wanted("P11 graph safety")) {
@@ -1046,14 +1302,16 @@ Report run(const Options& options, const Listener& listener) {
           if (!wanted("P4 backward")) break;
           auto blank = new_entry(kind, "P4 backward", config.name);
           blank.dtype = gen::to_string(dtype);
-          run(blank, [&] { return run_numerics(kind, config, subject, dtype); });
+          run(blank, [&, dtype] { return run_numerics(kind, config, subject, dtype); });
         }
         for (const std::string property : {"P13 values", "P14 release"}) {
           if (!wanted(property)) continue;
           for (const auto dtype : o.dtypes) {
             auto blank = new_entry(kind, property, config.name);
             blank.dtype = gen::to_string(dtype);
-            run(blank, [&] { return run_fixture_state(kind, config, subject, dtype, property); });
+            run(blank, [&, dtype, property] {
+              return run_fixture_state(kind, config, subject, dtype, property);
+            });
           }
         }
         continue;
@@ -1061,9 +1319,10 @@ Report run(const Options& options, const Listener& listener) {
       for (const std::string property : kLayoutProperties) {
         if (!wanted(property)) continue;
         run(new_entry(kind, property, config.name),
-            [&] { return run_layout(kind, config, subject, property); });
+            [&, property] { return run_layout(kind, config, subject, property); });
       }
     }
+    flush();
   }
   // What could not run here, and why: it shows in every report.
   const auto hw = hardware::detect();

@@ -63,9 +63,11 @@ struct Options {
   int cases = 100;     ///< generated cases per property and kind
   int max_size = 100;  ///< rapidcheck's size bound
   uint64_t seed = 0;   ///< 0: a fresh random seed (reported, for replay)
-  /// Run each check in a child process, so that a crash, an abort or a hang in the code under
+  /// Run the checks in child processes, so that a crash, an abort or a hang in the code under
   /// certification becomes a failed entry (naming the signal or the limit) instead of ending the
-  /// run and losing the report.
+  /// run and losing the report. A child runs a kind's checks one after another while they pass;
+  /// a check that fails after others ran in its child runs again in a child of its own, which
+  /// gives its row.
   bool isolate = true;
   /// Seconds one check may take in its child process before it is stopped as hung; the report
   /// names the case that was running then.
@@ -129,7 +131,7 @@ struct Report {
 };
 
 /// Runs every property for each kind on generated trees (the kind mixed with the built-in
-/// kinds) and on `models`, each check in its own child process unless `isolate` is off.
+/// kinds) and on `models`, the checks in child processes unless `isolate` is off.
 /// Throws `Error` for an unknown kind or a bad option.
 Report run(const Options& options, const Listener& listener = nullptr);
 /// Certifies `registration`, registered for this run alone (unless a kind of its name is

@@ -17,9 +17,11 @@
 
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cctype>
 #include <csignal>
 #include <iostream>
+#include <limits>
 
 namespace wrapcert::certify {
 namespace {
@@ -74,6 +76,23 @@ class CrashingRelayImpl : public WrapperImpl {
  protected:
   torch::Tensor run(const torch::Tensor& input) override {
     std::raise(SIGSEGV);
+    return call(*inner(), input);
+  }
+};
+
+/// Breaks once its process has forwarded more than `g_wear_limit` batches: a wrapper whose fault
+/// depends on what ran before it in the same process (a cache that fills, a counter that wraps).
+std::atomic<long> g_wear{0};
+long g_wear_limit = std::numeric_limits<long>::max();
+
+class WearingRelayImpl : public WrapperImpl {
+ public:
+  explicit WearingRelayImpl(ModulePtr inner)
+      : WrapperImpl("WearingRelay", "_relayed_module", std::move(inner)) {}
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    if (++g_wear > g_wear_limit) throw std::runtime_error("worn out");
     return call(*inner(), input);
   }
 };
@@ -309,6 +328,35 @@ TEST(Certify, AFaultOnlyABatchOfOneShowsIsFoundOnGeneratedTreesNamingAKey) {
     EXPECT_THAT(e.counterexample, HasSubstr("BatchOfOneSkipper("));
   }
   EXPECT_TRUE(found);
+}
+
+// A child process runs checks one after another while they pass; a check that fails after
+// others ran in its process runs again in a process of its own, and that run gives its row.
+TEST(Certify, ARowDoesNotDependOnWhatRanBeforeItInItsProcess) {
+  const auto kind = wrapper_kind<WearingRelayImpl>("WearingRelay", "_relayed_module");
+  auto o = quick_pass();
+  o.models = {};
+  o.share_cases = false;  // every row a check of its own
+  // The most batches one check forwards, and all of them, counted row by row in this process.
+  o.isolate = false;
+  long most = 0, first = 0;
+  g_wear = 0;
+  const auto counted = run(kind, o, [&](const Entry&, bool done) {
+    if (done) most = std::max(most, g_wear - first);
+    first = g_wear;
+  });
+  ASSERT_TRUE(counted.passed()) << to_markdown(counted);
+  ASSERT_GT(g_wear.load(), 2 * most) << "the rows together must wear it out";
+  g_wear_limit = most;  // no check alone reaches it; the checks one after another do
+  g_wear = 0;
+  const auto in_one_process = run(kind, o);
+  EXPECT_FALSE(in_one_process.passed()) << "the kind must depend on what ran before";
+  o.isolate = true;
+  g_wear = 0;
+  const auto report = run(kind, o);
+  g_wear_limit = std::numeric_limits<long>::max();
+  EXPECT_TRUE(report.passed()) << to_markdown(report);
+  EXPECT_EQ(report.entries.size(), counted.entries.size());
 }
 
 TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {
