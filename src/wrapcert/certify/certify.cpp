@@ -694,6 +694,7 @@ struct ChildOutcome {
   std::optional<std::string> verdict;  ///< the bytes `body` returned
   std::string failure;  ///< hung, crashed or exited early, and how; with `running` if known
   std::string running;  ///< the case that was running when it ended without a verdict
+  std::vector<std::string> parts;  ///< the 'g' frames it sent before its verdict, in order
   double seconds = 0.0;
 };
 
@@ -772,6 +773,9 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
     auto frame = data.substr(at + 5, length);
     if (data[at] == 'c') {
       out.running = std::move(frame);
+    } else if (data[at] == 'g') {
+      out.parts.push_back(std::move(frame));
+      out.running.clear();
     } else {
       verdict = std::move(frame);
     }
@@ -820,54 +824,6 @@ Entry run_isolated(const Entry& blank, const Options& options,
   return entry;
 }
 
-/// `run_shared` in a child process: given the sum of its members' time limits, and stopped
-/// as hung after one limit without starting a case. A group that crashes, hangs or throws gives
-/// no entry: each member then runs alone, and isolated.
-std::vector<std::optional<Entry>> run_shared_isolated(
-    const std::string& kind, const std::vector<const props::GeneratedProperty*>& members,
-    const props::UnwrapSubject& subject, const props::Translator& translator,
-    const Options& options, std::optional<gen::Dtype> dtype) {
-  std::vector<std::optional<Entry>> none(members.size());
-  const auto out = run_in_child(
-      options.timeout_seconds * static_cast<int>(members.size()),
-      [&]() -> std::string {
-        try {
-          auto j = nlohmann::json::array();
-          for (const auto& entry : run_shared(kind, members, subject, translator, options, dtype)) {
-            j.push_back(entry ? to_json_value(*entry) : nlohmann::json());
-          }
-          return j.dump();
-        } catch (...) {
-          return {};
-        }
-      },
-      options.timeout_seconds);
-  if (!out.verdict) return none;
-  try {
-    const auto j = nlohmann::json::parse(*out.verdict);
-    if (!j.is_array() || j.size() != members.size()) return none;
-    std::vector<std::optional<Entry>> entries;
-    for (const auto& e : j) {
-      if (e.is_null()) {
-        entries.emplace_back();
-      } else {
-        entries.emplace_back(from_json_value(e));
-      }
-    }
-    return entries;
-  } catch (const nlohmann::json::exception&) {
-    return none;
-  }
-}
-
-/// A check of a run, in the order of the report: its row before it runs, and what runs it; or
-/// the row a group of properties that shared their cases already gave.
-struct Pending {
-  Entry blank;
-  std::function<Entry()> check;
-  std::optional<Entry> given;
-};
-
 /// What a check could leave changed in its process that the next check's verdict depends on:
 /// LibTorch's process-wide modes and settings. (Its random numbers are set back before each
 /// check instead.)
@@ -893,6 +849,92 @@ struct ProcessSettings {
     return grad == o.grad && inference == o.inference && autocast == o.autocast &&
            deterministic == o.deterministic && threads == o.threads && dtype == o.dtype;
   }
+};
+
+/// A group of properties that share their cases, in one dtype (none: the structural group).
+struct Group {
+  std::vector<const props::GeneratedProperty*> members;
+  std::optional<gen::Dtype> dtype;
+};
+
+/// The groups' `run_shared` in child processes, one after another in one child as the checks
+/// in `run_in_children` (each from the random state the child started with; a group that leaves
+/// LibTorch's settings changed ends its child). A group's child is given the sum of its
+/// members' time limits, and stopped as hung after one limit without starting a case. A group
+/// that crashes, hangs or throws gives no entry: each member then runs alone, and isolated.
+std::vector<std::vector<std::optional<Entry>>> run_shared_isolated(
+    const std::string& kind, const std::vector<Group>& groups, const props::UnwrapSubject& subject,
+    const props::Translator& translator, const Options& options) {
+  std::vector<std::vector<std::optional<Entry>>> rows;
+  for (const auto& group : groups) rows.emplace_back(group.members.size());
+  auto parse = [&](size_t g, const std::string& part) {
+    try {
+      const auto j = nlohmann::json::parse(part);
+      if (!j.is_array() || j.size() != groups[g].members.size()) return;
+      std::vector<std::optional<Entry>> entries;
+      for (const auto& e : j) {
+        if (e.is_null()) {
+          entries.emplace_back();
+        } else {
+          entries.emplace_back(from_json_value(e));
+        }
+      }
+      rows[g] = std::move(entries);
+    } catch (const nlohmann::json::exception&) {
+    }
+  };
+  size_t next = 0;
+  while (next < groups.size()) {
+    int limit = 0;
+    for (size_t g = next; g < groups.size(); ++g) {
+      limit += options.timeout_seconds * static_cast<int>(groups[g].members.size());
+    }
+    const auto out = run_in_child(
+        limit,
+        [&]() -> std::string {
+          auto generator = at::detail::getDefaultCPUGenerator();
+          at::Tensor random_state;
+          {
+            std::lock_guard<std::mutex> lock(generator.mutex());
+            random_state = generator.get_state();
+          }
+          const auto settings = ProcessSettings::now();
+          for (size_t g = next; g < groups.size(); ++g) {
+            {
+              std::lock_guard<std::mutex> lock(generator.mutex());
+              generator.set_state(random_state);
+            }
+            std::string part;
+            try {
+              auto j = nlohmann::json::array();
+              for (const auto& entry : run_shared(kind, groups[g].members, subject, translator,
+                                                  options, groups[g].dtype)) {
+                j.push_back(entry ? to_json_value(*entry) : nlohmann::json());
+              }
+              part = j.dump();
+            } catch (...) {
+            }
+            write_frame(g_progress_fd, 'g', part);
+            if (!(ProcessSettings::now() == settings)) break;
+          }
+          return "done";
+        },
+        options.timeout_seconds);
+    for (size_t k = 0; k < out.parts.size() && next + k < groups.size(); ++k) {
+      parse(next + k, out.parts[k]);
+    }
+    // A group that crashed or hung gives nothing; one that ran none (it could not start) too.
+    next += out.parts.size() + ((out.verdict && !out.parts.empty()) ? 0 : 1);
+  }
+  return rows;
+}
+
+/// A check of a run, in the order of the report: its row before it runs, and what runs it; or
+/// the row a group of properties that shared their cases already gave.
+struct Pending {
+  Entry blank;
+  std::function<Entry()> check;
+  std::optional<Entry> given;
 };
 
 /// A child's part of `run_in_children`: runs `queue[todo[at]]`, `queue[todo[at + 1]]`, ... one
@@ -1263,21 +1305,30 @@ Report run(const Options& options, const Listener& listener) {
     });
     if (group->size() < 2 || changing > 1) group->clear();
   }
-  auto share = [&](const std::string& kind,
-                   const std::vector<const props::GeneratedProperty*>& members,
-                   std::optional<gen::Dtype> dtype) {
-    if (members.empty()) return;
-    const auto entries = o.isolate
-                             ? run_shared_isolated(kind, members, subject, translator, o, dtype)
-                             : run_shared(kind, members, subject, translator, o, dtype);
-    for (const auto& entry : entries) {
-      if (entry) shared[{entry->property, entry->target, entry->dtype}] = *entry;
+  auto share = [&](const std::string& kind) {
+    std::vector<Group> groups;
+    if (!structural.empty()) groups.push_back({structural, std::nullopt});
+    if (!numeric.empty()) {
+      for (const auto dtype : o.dtypes) groups.push_back({numeric, dtype});
+    }
+    if (groups.empty()) return;
+    std::vector<std::vector<std::optional<Entry>>> rows;
+    if (o.isolate) {
+      rows = run_shared_isolated(kind, groups, subject, translator, o);
+    } else {
+      for (const auto& g : groups) {
+        rows.push_back(run_shared(kind, g.members, subject, translator, o, g.dtype));
+      }
+    }
+    for (const auto& group : rows) {
+      for (const auto& entry : group) {
+        if (entry) shared[{entry->property, entry->target, entry->dtype}] = *entry;
+      }
     }
   };
   for (const auto& kind : o.kinds) {
     shared.clear();
-    share(kind, structural, std::nullopt);
-    for (const auto dtype : o.dtypes) share(kind, numeric, dtype);
+    share(kind);
     for (const auto& property : props::generated_properties()) {
       if (!wanted(property.name)) continue;
       if (!property.numeric) {
