@@ -1081,6 +1081,7 @@ void run_in_children(const std::vector<Pending>& queue, const std::vector<size_t
     }
     if (current == kNone && !failed) {
       if (ended && WIFEXITED(status) && WEXITSTATUS(status) == 0 && ran > 0) continue;
+      if (next == todo.size()) break;  // it ended after the last row: every row is in
       // Ended between two checks, or before the first: the next check in a child of its own.
       const auto i = todo[next++];
       if (ran == 0) {
