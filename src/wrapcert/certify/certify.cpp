@@ -698,12 +698,10 @@ struct ChildOutcome {
   double seconds = 0.0;
 };
 
-/// Runs `body` in a child process with a time limit; what it returns comes back through a
-/// pipe. `body` must not throw. With `quiet_seconds`, the child is also stopped as hung once
-/// that long passes without it starting another case.
-ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()>& body,
-                          int quiet_seconds = 0) {
-  int fds[2];
+/// A pipe and a child process: returns the child's pid in the parent (which keeps `fds[0]`, the
+/// read end) and 0 in the child (which keeps `fds[1]`). What is buffered for the console is
+/// written first, so that neither process writes it again.
+pid_t fork_with_pipe(int (&fds)[2]) {
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     throw Error(ErrorCode::kInvalidArgument, "",
                 std::string("cannot isolate a check: ") + std::strerror(errno));
@@ -711,7 +709,6 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
-  const auto start = Clock::now();
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -719,8 +716,37 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
     throw Error(ErrorCode::kInvalidArgument, "",
                 std::string("cannot isolate a check: ") + std::strerror(errno));
   }
+  ::close(fds[pid == 0 ? 0 : 1]);
+  return pid;
+}
+
+/// The state of LibTorch's default CPU generator when made; `restore` sets it back, so that
+/// each check a child runs draws what it would draw in a child of its own.
+class RandomState {
+ public:
+  RandomState() : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    state_ = generator_.get_state();
+  }
+  void restore() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(state_);
+  }
+
+ private:
+  at::Generator generator_;  // a handle: the process's generator
+  at::Tensor state_;
+};
+
+/// Runs `body` in a child process with a time limit; what it returns comes back through a
+/// pipe. `body` must not throw. With `quiet_seconds`, the child is also stopped as hung once
+/// that long passes without it starting another case.
+ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()>& body,
+                          int quiet_seconds = 0) {
+  int fds[2];
+  const auto start = Clock::now();
+  const pid_t pid = fork_with_pipe(fds);
   if (pid == 0) {
-    ::close(fds[0]);
     g_progress_fd = fds[1];
     // Only this thread survives the fork: a thread pool the parent had running (OpenMP's, after
     // any multi-threaded LibTorch op) would wait for workers that are not there. Where the
@@ -731,7 +757,6 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
     write_frame(fds[1], 'v', body());
     ::_exit(0);  // no exit handlers: they belong to the parent
   }
-  ::close(fds[1]);
   std::string data;
   bool timed_out = false;
   const auto deadline = start + std::chrono::seconds(timeout_seconds);
@@ -892,18 +917,10 @@ std::vector<std::vector<std::optional<Entry>>> run_shared_isolated(
     const auto out = run_in_child(
         limit,
         [&]() -> std::string {
-          auto generator = at::detail::getDefaultCPUGenerator();
-          at::Tensor random_state;
-          {
-            std::lock_guard<std::mutex> lock(generator.mutex());
-            random_state = generator.get_state();
-          }
+          RandomState random;
           const auto settings = ProcessSettings::now();
           for (size_t g = next; g < groups.size(); ++g) {
-            {
-              std::lock_guard<std::mutex> lock(generator.mutex());
-              generator.set_state(random_state);
-            }
+            random.restore();
             std::string part;
             try {
               auto j = nlohmann::json::array();
@@ -945,18 +962,10 @@ struct Pending {
                                   const std::vector<size_t>& todo, size_t next) {
   g_progress_fd = fd;
   if (at::get_num_threads() != 1) at::set_num_threads(1);  // see run_in_child
-  auto generator = at::detail::getDefaultCPUGenerator();   // a handle: the process's generator
-  at::Tensor random_state;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    random_state = generator.get_state();
-  }
+  RandomState random;
   const auto settings = ProcessSettings::now();
   for (; next < todo.size(); ++next) {
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(random_state);
-    }
+    random.restore();
     write_frame(fd, 's', std::to_string(next));
     const auto& pending = queue[todo[next]];
     Entry entry = pending.blank;
@@ -992,25 +1001,8 @@ void run_in_children(const std::vector<Pending>& queue, const std::vector<size_t
   size_t next = 0;
   while (next < todo.size()) {
     int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      throw Error(ErrorCode::kInvalidArgument, "",
-                  std::string("cannot isolate a check: ") + std::strerror(errno));
-    }
-    std::cout.flush();
-    std::cerr.flush();
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(fds[0]);
-      ::close(fds[1]);
-      throw Error(ErrorCode::kInvalidArgument, "",
-                  std::string("cannot isolate a check: ") + std::strerror(errno));
-    }
-    if (pid == 0) {
-      ::close(fds[0]);
-      run_checks_here(fds[1], queue, todo, next);
-    }
-    ::close(fds[1]);
+    const pid_t pid = fork_with_pipe(fds);
+    if (pid == 0) run_checks_here(fds[1], queue, todo, next);
     std::string data;
     size_t parsed = 0;
     constexpr size_t kNone = static_cast<size_t>(-1);
