@@ -815,24 +815,28 @@ ChildOutcome run_in_child(int timeout_seconds, const std::function<std::string()
   return out;
 }
 
+/// The row `check` gives, or `blank` failed with what it threw.
+Entry checked(const Entry& blank, const std::function<Entry()>& check) {
+  Entry entry = blank;
+  try {
+    entry = check();
+  } catch (const std::exception& e) {
+    entry.status = Status::kFailed;
+    entry.reason = first_line(e.what());
+  } catch (...) {
+    entry.status = Status::kFailed;
+    entry.reason = "threw something that is not an exception";
+  }
+  return entry;
+}
+
 /// Runs `check` in a child process with a time limit; its entry comes back through a pipe. A
 /// child that dies by a signal, exits without a verdict or outlives the limit is a failed entry
 /// saying so.
 Entry run_isolated(const Entry& blank, const Options& options,
                    const std::function<Entry()>& check) {
-  const auto out = run_in_child(options.timeout_seconds, [&] {
-    Entry entry = blank;
-    try {
-      entry = check();
-    } catch (const std::exception& e) {
-      entry.status = Status::kFailed;
-      entry.reason = first_line(e.what());
-    } catch (...) {
-      entry.status = Status::kFailed;
-      entry.reason = "threw something that is not an exception";
-    }
-    return to_json_value(entry).dump();
-  });
+  const auto out = run_in_child(options.timeout_seconds,
+                                [&] { return to_json_value(checked(blank, check)).dump(); });
   Entry entry = blank;
   entry.seconds = out.seconds;
   entry.status = Status::kFailed;
@@ -967,17 +971,7 @@ struct Pending {
   for (; next < todo.size(); ++next) {
     random.restore();
     write_frame(fd, 's', std::to_string(next));
-    const auto& pending = queue[todo[next]];
-    Entry entry = pending.blank;
-    try {
-      entry = pending.check();
-    } catch (const std::exception& e) {
-      entry.status = Status::kFailed;
-      entry.reason = first_line(e.what());
-    } catch (...) {
-      entry.status = Status::kFailed;
-      entry.reason = "threw something that is not an exception";
-    }
+    const auto entry = checked(queue[todo[next]].blank, queue[todo[next]].check);
     write_frame(fd, 'v', to_json_value(entry).dump());
     if (entry.status == Status::kFailed || !(ProcessSettings::now() == settings)) break;
   }
