@@ -97,6 +97,23 @@ class WearingRelayImpl : public WrapperImpl {
   }
 };
 
+/// Doubles what it forwards unless deterministic algorithms are on, and turns them on when it is
+/// destroyed: a fault that a setting left behind by an earlier check would hide.
+class LeavesDeterminismOnImpl : public WrapperImpl {
+ public:
+  explicit LeavesDeterminismOnImpl(ModulePtr inner)
+      : WrapperImpl("LeavesDeterminismOn", "_relayed_module", std::move(inner)) {}
+  ~LeavesDeterminismOnImpl() override {
+    at::globalContext().setDeterministicAlgorithms(true, false);
+  }
+
+ protected:
+  torch::Tensor run(const torch::Tensor& input) override {
+    const auto out = call(*inner(), input);
+    return at::globalContext().deterministicAlgorithms() ? out : 2 * out;
+  }
+};
+
 /// Never returns from forward.
 class HangingRelayImpl : public WrapperImpl {
  public:
@@ -357,6 +374,26 @@ TEST(Certify, ARowDoesNotDependOnWhatRanBeforeItInItsProcess) {
   g_wear_limit = std::numeric_limits<long>::max();
   EXPECT_TRUE(report.passed()) << to_markdown(report);
   EXPECT_EQ(report.entries.size(), counted.entries.size());
+}
+
+// A check that leaves a process-wide setting changed ends its child: the next check does not
+// run with it (here it would hide a fault every check shows in a process of its own).
+TEST(Certify, AChildStopsAfterACheckThatLeavesASettingChanged) {
+  ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
+  auto o = quick();
+  o.models = {};
+  o.properties = {"P1", "P4"};  // P1 builds and drops models first, then P4 runs them
+  o.dtypes = {gen::Dtype::kFloat64};
+  const auto report =
+      run(wrapper_kind<LeavesDeterminismOnImpl>("LeavesDeterminismOn", "_relayed_module"), o);
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms()) << "the checks ran in children";
+  bool backward = false;
+  for (const auto& e : report.entries) {
+    if (e.property != "P4 backward") continue;
+    backward = true;
+    EXPECT_EQ(e.status, Status::kFailed) << to_markdown(report);
+  }
+  EXPECT_TRUE(backward) << to_markdown(report);
 }
 
 TEST(Certify, AWrapperThatHangsIsStoppedAtTheLimit) {
