@@ -33,7 +33,10 @@ fi
 export PYTHONPATH="$root/regression/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONHASHSEED=0
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# The workers are forked from one interpreter that imported torch once (tools/preload.sh).
+source "$root/tools/preload.sh"
+trap 'preload_stop; rm -rf "$work"' EXIT
+preload_start "$work"
 
 # WRAPPERS: '+' stacks wrappers (innermost first), '@N' runs at world size N.
 wrappers=("DataParallel" "DistributedDataParallel" "DistributedDataParallel@2"

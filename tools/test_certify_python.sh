@@ -13,7 +13,15 @@ tool=$1 group=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$src/property_tests/python:$src/regression/python${PYTHONPATH:+:$PYTHONPATH}"
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# Every process this script starts carries the mark: none may be left when a run ends.
+export WRAPCERT_TEST_MARK="$dir"
+# One interpreter imports torch and the workers and repro scripts are forked from it
+# (tools/preload.sh), but in the torch group: its workers start as new interpreters, as
+# certify-python's do by default.
+source "$src/tools/preload.sh"
+py=(/usr/bin/python3)
+trap 'preload_stop; rm -rf "$dir"' EXIT
+[ "$group" = torch ] || preload_start "$dir"
 fail() { echo "FAIL: $*"; exit 1; }
 run() {  # run EXPECTED_EXIT ARGS...: output in $dir/out.txt, report in $dir/report.json
   local want=$1
@@ -33,14 +41,15 @@ certify() {  # certify EXPECTED_EXIT ARGS...: the rows that run the model in $dt
 repro_as_two_ranks() {  # repro_as_two_ranks SCRIPT NAME: SCRIPT run as ranks 0 and 1 with
   # torchrun's variables (rank 0 serves the store); rank r's output in $dir/NAMEr.txt, its exit
   # status in codes[r]
-  local script=$1 name=$2 port r
+  local script=$1 name=$2 port r pids=()
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   for r in 0 1; do
     RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
-      timeout 120 /usr/bin/python3 "$script" > "$dir/$name$r.txt" 2>&1 &
+      timeout 120 "${py[@]}" "$script" > "$dir/$name$r.txt" 2>&1 &
+    pids[r]=$!
   done
   for r in 0 1; do
-    wait %$((r + 1))
+    wait "${pids[r]}"
     codes[r]=$?
   done
 }
@@ -104,7 +113,7 @@ case "$group" in
     certify 1 --wrapper DataParallel --unwrap known_unwraps:root_only --repro "$dir/repro.py"
     expect failed "root-only unwrap" P1 P2 P9 P10
     grep -q "n2 modules, [0-9] wrappers" "$dir/report.json" || fail "the root-only counterexample is not shrunk to 2 modules"
-    /usr/bin/python3 "$dir/repro.py" > "$dir/repro.txt" 2>&1
+    "${py[@]}" "$dir/repro.py" > "$dir/repro.txt" 2>&1
     [ $? -eq 1 ] || { cat "$dir/repro.txt"; fail "the repro script does not exit 1"; }
     grep -q "PROBLEM: keys differ" "$dir/repro.txt" || fail "the repro script does not show the wrong keys"
     certify 1 --wrapper DataParallel --unwrap known_unwraps:duck_typed_recursive
@@ -116,7 +125,7 @@ case "$group" in
     expect passed "a release that takes every wrapper out" P14
     certify 1 --wrapper DataParallel --release releases:release_copy --repro "$dir/release.py"
     expect failed "a release of a copy" P14
-    /usr/bin/python3 "$dir/release.py" > "$dir/release.txt" 2>&1
+    "${py[@]}" "$dir/release.py" > "$dir/release.txt" 2>&1
     [ $? -eq 1 ] && grep -q "^PROBLEM: .* is not the model's own tensor after release" "$dir/release.txt" ||
       { cat "$dir/release.txt"; fail "the release repro does not reproduce"; }
     grep -q "not the model's own tensor after release" "$dir/report.json" || fail "release_copy's reason"
@@ -155,7 +164,7 @@ case "$group" in
       certify 1 --wrapper "wrappers_under_test:$wrapper" --repro "$dir/repro.py" "$@"
       expect failed "$wrapper" "$row"
       [ -s "$dir/repro.py" ] || fail "$wrapper: no repro script"
-      /usr/bin/python3 "$dir/repro.py" > "$dir/repro.txt" 2>&1
+      "${py[@]}" "$dir/repro.py" > "$dir/repro.txt" 2>&1
       local code=$?
       [ "$code" -eq 1 ] || { cat "$dir/repro.txt"; fail "$wrapper: the repro exited $code, not 1"; }
       grep -q "^PROBLEM: $problem" "$dir/repro.txt" || { cat "$dir/repro.txt"; fail "$wrapper: the repro does not show '$problem'"; }
@@ -282,10 +291,10 @@ PY
     ;;
   dump)
     for c in data_parallel checkpoint user_module; do
-      /usr/bin/python3 "$src/tools/torch_tree_dump.py" "$c" --out "$dir/$c.json" || fail "dump $c"
+      "${py[@]}" "$src/tools/torch_tree_dump.py" "$c" --out "$dir/$c.json" || fail "dump $c"
       run 0 check-dump "$dir/$c.json"
     done
-    /usr/bin/python3 "$src/tools/torch_tree_dump.py" --model tree_dump_models:tied_pair \
+    "${py[@]}" "$src/tools/torch_tree_dump.py" --model tree_dump_models:tied_pair \
         --wrap DataParallel --out "$dir/own.json" || fail "dump of a user's model"
     run 0 check-dump "$dir/own.json"
     grep -q "pass P1" "$dir/out.txt" || fail "check-dump prints no verdicts"
@@ -295,11 +304,13 @@ PY
     echo "dumps: checked"
     ;;
   ranks)
-    # Every process this group starts carries the mark: none may be left when a run ends.
-    export WRAPCERT_TEST_MARK="$dir"
+    # (But the preloaded interpreter and the processes of its own that wait on a worker: a
+    # worker forked there carries the mark too.)
     left_running() {
       local p
       for p in /proc/[0-9]*; do
+        [ "${p#/proc/}" = "$preload_pid" ] && continue
+        [ "$(awk '/^PPid:/ {print $2}' "$p/status" 2>/dev/null)" = "$preload_pid" ] && continue
         { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -qx "WRAPCERT_TEST_MARK=$dir" &&
           echo "${p#/proc/}: $({ tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)"
       done
@@ -322,7 +333,7 @@ PY
       grep -q "PROBLEM (rank $r): the gradient of .* is not the mean" "$dir/local$r.txt" ||
         { cat "$dir/local$r.txt"; fail "rank $r of the repro shows no PROBLEM"; }
     done
-    /usr/bin/python3 "$dir/local.py" > "$dir/alone.txt" 2>&1
+    "${py[@]}" "$dir/local.py" > "$dir/alone.txt" 2>&1
     [ $? -eq 1 ] && grep -q "runs at world size 2, not 1" "$dir/alone.txt" || fail "the repro alone"
     # Trained across ranks (P17): DistributedDataParallel at world size 3 (the two reductions
     # add in other orders there); a replica that rank 1 refreshes from values taken at wrap time

@@ -13,7 +13,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 golden=$(cd "$here/../fixtures/golden/checkpoints" && pwd)
 digest="$here/torch_checkpoint_digest.py"
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# PyTorch's readings are forked from one interpreter that imported torch once (tools/preload.sh).
+source "$here/preload.sh"
+trap 'preload_stop; rm -rf "$dir"' EXIT
+preload_start "$dir" "$python"
 fail() { echo "FAIL: $*"; exit 1; }
 run() {  # run EXPECTED_EXIT OUTPUT_FILE ARGS...: the command's stdout and stderr into OUTPUT_FILE
   local want=$1 out=$2
@@ -22,11 +25,11 @@ run() {  # run EXPECTED_EXIT OUTPUT_FILE ARGS...: the command's stdout and stder
   local got=$?
   [ "$got" -eq "$want" ] || { cat "$out"; fail "wrapcert $* exited $got, not $want"; }
 }
-# The clean checkpoint as PyTorch reads it, once (each reading imports torch: 1.5 s).
-"$python" "$digest" "$golden/clean_state_dict.pt" > "$dir/want.json" || fail "digest of clean"
+# The clean checkpoint as PyTorch reads it, once.
+"${py[@]}" "$digest" "$golden/clean_state_dict.pt" > "$dir/want.json" || fail "digest of clean"
 # same_as_clean FILE [strides]: PyTorch reads FILE as exactly the clean checkpoint's tensors.
 same_as_clean() {
-  "$python" "$digest" "$1" > "$dir/got.json" || fail "torch cannot read $1"
+  "${py[@]}" "$digest" "$1" > "$dir/got.json" || fail "torch cannot read $1"
   "$python" - "$dir/got.json" "$dir/want.json" "${2:-}" <<'PY' || fail "$1 differs from the clean checkpoint"
 import json, sys
 got, want = (json.load(open(p)) for p in sys.argv[1:3])

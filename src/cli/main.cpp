@@ -812,7 +812,11 @@ int run_certify_python(CertifyPythonOptions& o) {
             << " P17 cases (" << rate(stats.training_cases, stats.training_seconds) << "), "
             << stats.fixture_cases << " fixture cases ("
             << static_cast<int>(stats.fixture_seconds * 1000) << " ms), " << stats.worker_starts
-            << (stats.worker_starts == 1 ? " process" : " processes") << "\n";
+            << (stats.worker_starts == 1 ? " process" : " processes");
+  if (stats.preloaded_starts > 0) {
+    std::cout << " (" << stats.preloaded_starts << " forked from a preloaded interpreter)";
+  }
+  std::cout << "\n";
   return code;
 }
 

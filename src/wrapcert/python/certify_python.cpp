@@ -1203,6 +1203,12 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+/// WRAPCERT_PYTHON_PRELOAD: the socket of a preloaded interpreter to start workers in, if any.
+std::string preload_socket() {
+  const char* path = std::getenv("WRAPCERT_PYTHON_PRELOAD");
+  return path ? path : "";
+}
+
 /// The worker, or at world size N one worker per rank: each a torch.distributed rank on gloo,
 /// started with the variables torchrun gives its workers, its store (c10d's TCPStore) served
 /// here as torchrun's agent serves it. Every request goes to every rank; a rank's fault stops
@@ -1215,7 +1221,8 @@ class Runner {
                        (std::filesystem::path(worker_dir(options)) / "wrapcert_worker.py").string(),
                        options.timeout_seconds,
                        {},
-                       options.start_timeout_seconds};
+                       options.start_timeout_seconds,
+                       preload_socket()};
     if (options.world_size > 1) store_ = std::make_unique<StoreServer>(0);
     for (int rank = 0; rank < options.world_size; ++rank) {
       workers_.push_back(std::make_unique<Worker>(base));
@@ -1310,6 +1317,11 @@ class Runner {
   int starts() const {
     int n = 0;
     for (const auto& w : workers_) n += w->starts();
+    return n;
+  }
+  int preloaded_starts() const {
+    int n = 0;
+    for (const auto& w : workers_) n += w->preloaded_starts();
     return n;
   }
 
@@ -1810,6 +1822,7 @@ certify::Report certify_python(const Options& options, const certify::Listener& 
     stats->training_cases = runner.calls(3);
     stats->training_seconds = runner.seconds(3);
     stats->worker_starts = runner.starts();
+    stats->preloaded_starts = runner.preloaded_starts();
     stats->torch_version = runner.torch_version();
   }
   if (options.fixtures) {  // what the report names; the models were built by the worker

@@ -93,6 +93,7 @@ struct Stats {
   int fixture_cases = 0;  ///< the tiny Gemma and Mistral, built in Python (counted apart)
   double fixture_seconds = 0;
   int worker_starts = 0;      ///< processes started: one per rank, plus one per rank per fault
+  int preloaded_starts = 0;   ///< of them, those a preloaded interpreter forked
   std::string torch_version;  ///< the PyTorch the worker imported
 };
 

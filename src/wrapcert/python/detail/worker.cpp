@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cerrno>
@@ -46,7 +47,11 @@ void keep_tail(std::string& tail) {
   if (tail.size() > kTailBytes) tail.erase(0, tail.size() - kTailBytes);
 }
 
+/// The status of a preloaded worker whose keeper ended without saying how it ended.
+constexpr int kUnknownStatus = -1;
+
 std::string how_it_ended(int status) {
+  if (status == kUnknownStatus) return "ended (its preloaded interpreter gave no status)";
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
@@ -81,13 +86,120 @@ Worker::~Worker() {
   (void)::send(in_, bye.data(), bye.size(), MSG_NOSIGNAL);
   close_fd(in_);  // end of input ends the worker's loop as well
   for (int i = 0; i < 100; ++i) {
-    if (::waitpid(pid_, &status_, WNOHANG) == pid_) {
+    if (reap(false)) {
       pid_ = -1;
       break;
     }
     ::usleep(20 * 1000);
   }
   stop(false);
+}
+
+bool Worker::start_preloaded(const std::vector<std::string>& variables, const int (&fds)[3]) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (options_.preload.size() >= sizeof address.sun_path) return false;
+  std::memcpy(address.sun_path, options_.preload.c_str(), options_.preload.size() + 1);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return false;
+  }
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& v : variables) {
+    const auto eq = v.find('=');
+    if (eq != std::string::npos) env[v.substr(0, eq)] = v.substr(eq + 1);
+  }
+  char cwd[4096];
+  const std::string line = nlohmann::json{{"interpreter", options_.interpreter},
+                                          {"argv", {options_.script}},
+                                          {"env", std::move(env)},
+                                          {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : "/"},
+                                          {"faulthandler", true}}
+                               .dump() +
+                           "\n";
+  // The request, with the three descriptors on its first byte.
+  char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec data{const_cast<char*>(line.data()), line.size()};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(header), fds, sizeof fds);
+  ssize_t sent = ::sendmsg(fd, &message, MSG_NOSIGNAL);
+  while (sent >= 0 && static_cast<size_t>(sent) < line.size()) {
+    const ssize_t n = ::send(fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    sent = n < 0 ? n : sent + n;
+  }
+  // Its answer: the worker's pid, or why it refused (within 10 s: it forks and answers).
+  std::string answer;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (sent >= 0 && answer.find('\n') == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) break;
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  const auto newline = answer.find('\n');
+  const auto reply = newline == std::string::npos
+                         ? nlohmann::json()
+                         : nlohmann::json::parse(answer.substr(0, newline), nullptr, false);
+  if (!reply.is_object() || !reply.contains("pid") || !reply["pid"].is_number_integer()) {
+    ::close(fd);
+    return false;
+  }
+  pid_ = reply["pid"].get<pid_t>();
+  control_ = fd;
+  control_buffer_ = answer.substr(newline + 1);
+  ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) | O_NONBLOCK);
+  ++preloaded_starts_;
+  return true;
+}
+
+bool Worker::reap(bool block) {
+  if (control_ < 0) return ::waitpid(pid_, &status_, block ? 0 : WNOHANG) == pid_;
+  for (;;) {
+    const auto newline = control_buffer_.find('\n');
+    if (newline != std::string::npos) {
+      const auto message =
+          nlohmann::json::parse(control_buffer_.substr(0, newline), nullptr, false);
+      control_buffer_.erase(0, newline + 1);
+      if (message.is_object() && message.contains("status") &&
+          message["status"].is_number_integer()) {
+        status_ = message["status"].get<int>();
+        close_fd(control_);
+        return true;
+      }
+      continue;
+    }
+    pollfd p{control_, POLLIN, 0};
+    if (::poll(&p, 1, block ? -1 : 0) <= 0) return false;
+    if (!read_some(control_, control_buffer_) && control_buffer_.find('\n') == std::string::npos) {
+      status_ = kUnknownStatus;  // the keeper is gone (it takes the worker with it)
+      close_fd(control_);
+      return true;
+    }
+  }
+}
+
+void Worker::signal(int sig) {
+  if (control_ < 0) {
+    ::kill(pid_, sig);
+    return;
+  }
+  // The keeper signals it while it is not reaped: never a pid that another process reuses.
+  const std::string line = "{\"signal\": " + std::to_string(sig) + "}\n";
+  (void)::send(control_, line.data(), line.size(), MSG_NOSIGNAL);
 }
 
 void Worker::start() {
@@ -112,6 +224,20 @@ void Worker::start() {
     if (!options_.environment.count(entry.substr(0, entry.find('=')))) variables.push_back(entry);
   }
   for (const auto& [name, value] : options_.environment) variables.push_back(name + "=" + value);
+  if (!options_.preload.empty() && start_preloaded(variables, {sv[1], out[1], err[1]})) {
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(sv[1]);
+    ::close(out[1]);
+    ::close(err[1]);
+    in_ = sv[0];
+    out_ = out[0];
+    err_ = err[0];
+    ::fcntl(out_, F_SETFL, ::fcntl(out_, F_GETFL) | O_NONBLOCK);
+    ::fcntl(err_, F_SETFL, ::fcntl(err_, F_GETFL) | O_NONBLOCK);
+    out_buffer_.clear();
+    ++starts_;
+    return;
+  }
   std::vector<char*> envp;
   for (auto& v : variables) envp.push_back(v.data());
   envp.push_back(nullptr);
@@ -155,21 +281,22 @@ void Worker::stop(bool abort_first) {
   if (pid_ > 0) {
     bool reaped = false;
     if (abort_first) {
-      ::kill(pid_, SIGABRT);  // faulthandler prints every thread's Python stack, then it dies
+      signal(SIGABRT);  // faulthandler prints every thread's Python stack, then it dies
       const auto deadline = Clock::now() + std::chrono::seconds(3);
       while (!reaped && Clock::now() < deadline) {
         drain_stderr(50);
-        reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+        reaped = reap(false);
       }
     } else {
-      reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+      reaped = reap(false);
     }
     if (!reaped) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, &status_, 0);
+      signal(SIGKILL);
+      reap(true);
     }
   }
   pid_ = -1;
+  close_fd(control_);
   close_fd(in_);
   close_fd(out_);
   close_fd(err_);
@@ -222,7 +349,7 @@ std::optional<Reply> Worker::await_ready() {
   drain_stderr(2000);
   bool reaped = false;
   for (int i = 0; i < 200 && !reaped; ++i) {
-    reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+    reaped = reap(false);
     if (!reaped) ::usleep(10 * 1000);
   }
   if (reaped) pid_ = -1;
@@ -253,7 +380,7 @@ Reply Worker::call(nlohmann::json request) {
     const auto deadline = Clock::now() + std::chrono::seconds(2);
     bool reaped = false;
     while (!reaped && Clock::now() < deadline) {
-      reaped = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+      reaped = reap(false);
       if (!reaped) ::usleep(10 * 1000);
     }
     if (reaped) pid_ = -1;

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace wrapcert::python {
 
@@ -27,6 +28,11 @@ struct WorkerOptions {
   /// interpreter up, its imports done), within this many seconds, and a call's own limit runs
   /// from there; a worker that does not is a fault that says it did not start.
   double start_timeout_seconds = 0;
+  /// A preloaded interpreter's socket (tools/python/wrapcert_preload.py; WRAPCERT_PYTHON_PRELOAD
+  /// in certify-python): the worker is started there, forked from an interpreter that has
+  /// imported torch, where it accepts; else, and where it refuses (another interpreter, other
+  /// start-up variables), as a new process.
+  std::string preload = "";
 };
 
 enum class Fault {
@@ -56,6 +62,8 @@ class Worker {
   Reply call(nlohmann::json request);
   /// How many processes were started so far (1 after the first call, more after faults).
   int starts() const { return starts_; }
+  /// How many of them a preloaded interpreter started.
+  int preloaded_starts() const { return preloaded_starts_; }
   /// Makes a `call` in progress on another thread stop the worker and return `kStopped`
   /// within 100 ms (or the next call, when none is in progress). Safe from any thread.
   void interrupt() { interrupted_ = true; }
@@ -72,6 +80,12 @@ class Worker {
 
  private:
   void start();
+  /// Asks the preloaded interpreter to start the worker on these descriptors (stdin, stdout,
+  /// stderr); false where it is not there or refuses.
+  bool start_preloaded(const std::vector<std::string>& variables, const int (&fds)[3]);
+  /// Whether the process ended (its wait status in `status_`); with `block`, waits for it.
+  bool reap(bool block);
+  void signal(int sig);
   /// Waits for the ready line (see `WorkerOptions::start_timeout_seconds`); a fault if none.
   std::optional<Reply> await_ready();
   /// Stops the process (SIGABRT first, so Python's faulthandler prints where it was).
@@ -85,9 +99,12 @@ class Worker {
   int err_ = -1;  // its stderr
   std::string out_buffer_;
   std::string err_tail_;
+  int control_ = -1;  // a preloaded worker's keeper: its wait status, and signals for it
+  std::string control_buffer_;
   int status_ = 0;  // how it ended, after stop()
   long next_id_ = 1;
   int starts_ = 0;
+  int preloaded_starts_ = 0;
   std::atomic<bool> interrupted_{false};
 };
 
