@@ -606,6 +606,7 @@ struct CertifyOptions {
   bool in_process = false;
   // Across ranks.
   int world_size = 0;
+  bool exec_ranks = false;
   int rank = -1;
   std::string master_addr;
   int master_port = 0;
@@ -691,7 +692,12 @@ int run_certify(const CertifyOptions& o) {
     if (!rendezvous) rendezvous.emplace();
     rendezvous->rank = o.rank;
   }
-  if (rendezvous) {
+  // One rank: started by torchrun or by hand, executed or forked by the launcher below.
+  auto as_rank = [&](std::optional<wrapcert::Rendezvous> rendezvous) -> int {
+    if (!rendezvous) {
+      throw wrapcert::Error(wrapcert::ErrorCode::kInvalidArgument, "",
+                            "no rendezvous: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+    }
     if (o.world_size > 0) {
       if (std::getenv("WORLD_SIZE") && o.world_size != rendezvous->world_size && o.rank < 0) {
         throw CLI::ValidationError("--world-size", std::to_string(o.world_size) +
@@ -713,7 +719,8 @@ int run_certify(const CertifyOptions& o) {
         wrapcert::certify::run_rank(options, *rendezvous, console_listener(o.quiet || !lead));
     if (launched || !lead) return report.passed() ? 0 : kExitFound;
     return write_reports(report, o.markdown, o.json, o.junit);
-  }
+  };
+  if (rendezvous) return as_rank(std::move(rendezvous));
   if (o.world_size > 0) {
     wrapcert::certify::World world;
     world.size = o.world_size;
@@ -734,6 +741,7 @@ int run_certify(const CertifyOptions& o) {
       world.command.push_back(std::to_string(options.seed));
       world.replay += " --seed " + std::to_string(options.seed);
     }
+    if (!o.exec_ranks) world.here = [&] { return as_rank(wrapcert::Rendezvous::from_env()); };
     const auto report = wrapcert::certify::launch_ranks(options, world, console_listener(o.quiet));
     return write_reports(report, o.markdown, o.json, o.junit);
   }
@@ -960,6 +968,10 @@ int main(int argc, char** argv) {
                    "certify across this many ranks (torch.distributed's Gloo): start them here, "
                    "or, with --rank or torchrun's RANK, be one of them")
       ->check(CLI::Range(1, 1024));
+  certify_cmd->add_flag("--exec-ranks", certify.exec_ranks,
+                        "with --world-size: start each rank by running this command line again, "
+                        "as torchrun does (default: a fork of this process, which has loaded "
+                        "LibTorch and the plugins already)");
   certify_cmd
       ->add_option("--rank", certify.rank,
                    "this process's rank in a run across ranks (default: RANK, SLURM_PROCID)")

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <random>
@@ -107,6 +108,17 @@ std::optional<Divergence> diverged(const std::vector<Rank>& ranks) {
   }
 }
 
+/// The threads of this process, from /proc (2 where it cannot tell: then nothing is forked).
+size_t threads_of_this_process() {
+  std::error_code ec;
+  size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return ec || n == 0 ? 2 : n;
+}
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -155,7 +167,12 @@ Report run_rank(Options options, const Rendezvous& rendezvous, const Listener& l
 Report launch_ranks(const Options& options, const World& world, const Listener& listener) {
   if (world.size < 1) throw Error(ErrorCode::kInvalidArgument, "world_size", "must be at least 1");
   if (world.command.empty()) throw Error(ErrorCode::kInvalidArgument, "", "no rank command");
-  StoreServer store(0);
+  // Forked ranks start before the store does (its server is a thread, and a fork copies only
+  // the thread that forks): each waits for the store's port on a pipe of its own.
+  const bool forking = world.here && threads_of_this_process() == 1;
+  std::optional<StoreServer> store;
+  if (!forking) store.emplace(0);
+  std::vector<int> port_pipes;  // the write ends, one a forked rank
   // The ranks' logs, in $TMPDIR (or /tmp); removed when the run ends, however it ends.
   const detail::ScratchFolder logs("wrapcert-ranks");
   const std::filesystem::path dir = logs.path();
@@ -177,6 +194,15 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
       ::close(fd);
       throw Error(ErrorCode::kInvalidArgument, "", "cannot open " + rank.collectives.string());
     }
+    int port[2] = {-1, -1};
+    if (forking && ::pipe2(port, O_CLOEXEC) != 0) {
+      ::close(fd);
+      ::close(seq_fd);
+      throw Error(ErrorCode::kInvalidArgument, "", "cannot make a pipe for a rank");
+    }
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);  // nothing buffered here is written again by a forked rank
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::dup2(fd, 1);
@@ -187,11 +213,35 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(world.size).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(store.port()).c_str(), 1);
       ::setenv("WRAPCERT_STORE_SERVED", "1", 1);
-      ::execv(argv[0], argv.data());
-      std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
-      ::_exit(127);
+      if (!forking) {
+        ::setenv("MASTER_PORT", std::to_string(store->port()).c_str(), 1);
+        ::execv(argv[0], argv.data());
+        std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+        ::_exit(127);
+      }
+      for (const int other : port_pipes) ::close(other);  // the launcher's alone: EOF if it dies
+      ::close(port[1]);
+      std::string text;
+      char c = 0;
+      while (::read(port[0], &c, 1) == 1 && c != '\n') text += c;
+      ::close(port[0]);
+      if (c != '\n') ::_exit(127);  // the launcher ended before its store started
+      ::setenv("MASTER_PORT", text.c_str(), 1);
+      int code = 2;
+      try {
+        code = world.here();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+      }
+      std::cout.flush();
+      std::cerr.flush();
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    if (forking) {
+      ::close(port[0]);
+      port_pipes.push_back(port[1]);
     }
     ::close(fd);
     ::close(seq_fd);
@@ -199,11 +249,30 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
     rank.running = pid > 0;
     rank.changed = Clock::now();
   }
+  if (forking) {
+    std::optional<Error> failed;
+    try {
+      store.emplace(0);
+    } catch (const Error& e) {
+      failed = e;
+    }
+    const std::string line = store ? std::to_string(store->port()) + "\n" : std::string();
+    for (const int w : port_pipes) {
+      if (!line.empty()) (void)!::write(w, line.data(), line.size());
+      ::close(w);  // no port: the ranks end (127) and are reaped below
+    }
+    if (failed) {
+      for (auto& rank : ranks) {
+        if (rank.pid > 0) ::waitpid(rank.pid, nullptr, 0);
+      }
+      throw *failed;
+    }
+  }
   size_t received = 0;
   // The entries rank 0 reported since the last call, to the report and the listener.
   auto take_entries = [&] {
     const size_t before = received;
-    while (auto text = store.get(kEntryKey + std::to_string(received))) {
+    while (auto text = store->get(kEntryKey + std::to_string(received))) {
       auto entry = entry_from_json(*text);
       if (listener) {
         listener(entry, false);
@@ -223,12 +292,12 @@ Report launch_ranks(const Options& options, const World& world, const Listener& 
   while (true) {
     if (take_entries()) last_progress = Clock::now();
     if (!done) {
-      if (const auto d = store.get(kDoneKey)) done = std::atoi(d->c_str());
+      if (const auto d = store->get(kDoneKey)) done = std::atoi(d->c_str());
     }
     // Where each rank is.
     for (int r = 0; r < world.size; ++r) {
       auto& rank = ranks[static_cast<size_t>(r)];
-      if (const auto p = store.get("wrapcert/progress/" + std::to_string(r));
+      if (const auto p = store->get("wrapcert/progress/" + std::to_string(r));
           p && *p != rank.progress) {
         rank.progress = *p;
         rank.changed = last_progress = Clock::now();

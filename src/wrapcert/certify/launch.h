@@ -12,6 +12,7 @@
 
 #include <wrapcert/certify/certify.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ struct World {
   /// Seconds without progress on any rank (no collective entered, no entry reported) before
   /// the run is stopped as hung.
   int timeout_seconds = 120;
+  /// What `command` runs, as a function (its exit code): where it is given and the launcher has
+  /// no thread but its own when the ranks start, each rank is a fork of the launcher that runs
+  /// it, with the same variables, output and files as an executed rank; the process start and
+  /// LibTorch's operator registration (~0.6 s of CPU a rank) are not paid again. Else, and for
+  /// the replay, `command` is executed.
+  std::function<int()> here;
 };
 
 /// Starts `world.size` ranks, reports each entry rank 0 publishes to `listener`, and returns
