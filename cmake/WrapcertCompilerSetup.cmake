@@ -8,12 +8,13 @@ target_compile_options(wrapcert_warnings INTERFACE
 # About ten of the fifteen seconds a translation unit takes go to parsing LibTorch's module
 # headers, which nearly every one includes: they are parsed once, into one precompiled header
 # that wrapcert's targets share (private to them: nothing reaches wrapcert's users).
-# ccache restores a unit built with it in another clone when the header it used is the same:
-# GCC's precompiled header is hashed as it is. Clang's records the absolute path of the clone
-# that built it, so ccache hashes a checksum of what went into it instead (the `.sum` file
-# beside it, ccache's pch_external_checksum: the compiler, the flags, the header list and
-# LibTorch's version), and the units name it with `-include-pch` alone (CMake's way adds an
-# `-Xclang -include` of the clone's own header path, which ccache hashes as it is).
+# ccache restores a unit built with it in another clone when the header it used is the same.
+# It hashes a checksum of what went into the header instead of the header itself (the `.sum`
+# file beside it, ccache's pch_external_checksum: the compiler, the flags, the header list and
+# LibTorch's version): Clang's records the absolute path of the clone that built it, and GCC's
+# is 400 MB, which ccache would read and hash again for every unit (2 s of CPU each, hit or
+# miss). Clang's units name it with `-include-pch` alone (CMake's way adds an `-Xclang -include`
+# of the clone's own header path, which ccache hashes as it is).
 option(WRAPCERT_PRECOMPILE_HEADERS "Precompile the LibTorch headers of wrapcert's targets" ON)
 set(WRAPCERT_PRECOMPILED
     <torch/nn/module.h> <torch/nn/modules/linear.h> <torch/nn/modules/container/modulelist.h>
@@ -23,7 +24,7 @@ set(_WRAPCERT_PCH_SOURCE "${CMAKE_CURRENT_LIST_DIR}/precompiled.cpp")
 
 # The checksum ccache hashes in place of Clang's precompiled header (written at configure time:
 # everything it covers is known then).
-function(_wrapcert_pch_checksum pch_dir)
+function(_wrapcert_pch_checksum sum_file)
   execute_process(COMMAND "${CMAKE_CXX_COMPILER}" --version OUTPUT_VARIABLE version)
   string(TOUPPER "${CMAKE_BUILD_TYPE}" type)
   find_file(_wrapcert_torch_version torch/version.h PATHS ${TORCH_INCLUDE_DIRS}
@@ -35,7 +36,7 @@ function(_wrapcert_pch_checksum pch_dir)
   get_directory_property(options COMPILE_OPTIONS)
   string(SHA256 sum "${version}|${CMAKE_CXX_FLAGS}|${CMAKE_CXX_FLAGS_${type}}|${options}|\
 ${CMAKE_CXX_STANDARD}|${WRAPCERT_PRECOMPILED}|${torch_version}")
-  file(WRITE "${pch_dir}/cmake_pch.hxx.pch.sum" "${sum}\n")
+  file(WRITE "${sum_file}" "${sum}\n")
 endfunction()
 
 # Unity builds: with the headers precompiled, most of a unit's time goes to instantiating and
@@ -117,10 +118,13 @@ function(wrapcert_target_defaults target)
     add_library(wrapcert_precompiled OBJECT "${_WRAPCERT_PCH_SOURCE}")
     target_link_libraries(wrapcert_precompiled PRIVATE torch wrapcert_warnings)
     target_precompile_headers(wrapcert_precompiled PRIVATE ${WRAPCERT_PRECOMPILED})
+    set(dir "${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/wrapcert_precompiled.dir")
     if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
       # No time stamps of the headers in it (ccache could not reuse units built with it).
       target_compile_options(wrapcert_precompiled PRIVATE "SHELL:-Xclang -fno-pch-timestamp")
-      _wrapcert_pch_checksum("${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/wrapcert_precompiled.dir")
+      _wrapcert_pch_checksum("${dir}/cmake_pch.hxx.pch.sum")
+    else()
+      _wrapcert_pch_checksum("${dir}/cmake_pch.hxx.gch.sum")
     endif()
   endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
