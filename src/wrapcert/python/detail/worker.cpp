@@ -224,25 +224,14 @@ void Worker::start() {
     if (!options_.environment.count(entry.substr(0, entry.find('=')))) variables.push_back(entry);
   }
   for (const auto& [name, value] : options_.environment) variables.push_back(name + "=" + value);
-  if (!options_.preload.empty() && start_preloaded(variables, {sv[1], out[1], err[1]})) {
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(sv[1]);
-    ::close(out[1]);
-    ::close(err[1]);
-    in_ = sv[0];
-    out_ = out[0];
-    err_ = err[0];
-    ::fcntl(out_, F_SETFL, ::fcntl(out_, F_GETFL) | O_NONBLOCK);
-    ::fcntl(err_, F_SETFL, ::fcntl(err_, F_GETFL) | O_NONBLOCK);
-    out_buffer_.clear();
-    ++starts_;
-    return;
+  int rc = 0;
+  if (options_.preload.empty() || !start_preloaded(variables, {sv[1], out[1], err[1]})) {
+    std::vector<char*> envp;
+    for (auto& v : variables) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    rc = ::posix_spawnp(&pid_, options_.interpreter.c_str(), &actions, nullptr, argv.data(),
+                        envp.data());
   }
-  std::vector<char*> envp;
-  for (auto& v : variables) envp.push_back(v.data());
-  envp.push_back(nullptr);
-  const int rc = ::posix_spawnp(&pid_, options_.interpreter.c_str(), &actions, nullptr, argv.data(),
-                                envp.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(sv[1]);
   ::close(out[1]);

@@ -51,6 +51,12 @@ constexpr const char* kEcho =
     "    req = json.loads(line)\n"
     "    print(json.dumps({'id': req['id'], 'ok': True, 'echo': req.get('text')}), flush=True)\n";
 
+/// A worker that says where it ends, then exits with status 7.
+constexpr const char* kDiesWithLastWords =
+    "for line in sys.stdin:\n"
+    "    sys.stderr.write('Traceback: it ends here\\n'); sys.stderr.flush()\n"
+    "    os._exit(7)\n";
+
 TEST_F(WorkerTest, AnswersRequestsInOneProcess) {
   auto worker = worker_of(kEcho);
   for (const char* text : {"a", "b", "c"}) {
@@ -70,10 +76,7 @@ TEST_F(WorkerTest, ALargeReplyArrivesWhole) {
 }
 
 TEST_F(WorkerTest, AWorkerThatDiesIsAFaultWithItsLastWordsAndTheNextCallStartsAnother) {
-  auto worker = worker_of(
-      "for line in sys.stdin:\n"
-      "    sys.stderr.write('Traceback: it ends here\\n'); sys.stderr.flush()\n"
-      "    os._exit(7)\n");
+  auto worker = worker_of(kDiesWithLastWords);
   const auto reply = worker.call({{"op", "x"}});
   EXPECT_EQ(reply.fault, Fault::kDied);
   EXPECT_THAT(reply.message, HasSubstr("exited with status 7"));
@@ -250,10 +253,7 @@ TEST_F(PreloadedWorker, NoServerThereGetsANewInterpreter) {
 }
 
 TEST_F(PreloadedWorker, ItsEndIsAFaultWithItsLastWords) {
-  auto worker = preloaded(
-      "for line in sys.stdin:\n"
-      "    sys.stderr.write('Traceback: it ends here\\n'); sys.stderr.flush()\n"
-      "    os._exit(7)\n");
+  auto worker = preloaded(kDiesWithLastWords);
   const auto reply = worker.call({{"op", "x"}});
   EXPECT_EQ(reply.fault, Fault::kDied);
   EXPECT_THAT(reply.message, HasSubstr("exited with status 7"));
