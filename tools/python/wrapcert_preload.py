@@ -67,7 +67,8 @@ def refusal(request):
     for name in sorted(set(wanted) | set(started)):
         if wanted.get(name) != started.get(name):
             return f"{name} is {wanted.get(name)!r} here, {started.get(name)!r} when the server started"
-    if not os.path.isfile(request["argv"][0]):
+    # A script named relative to the caller's folder, not the server's.
+    if not os.path.isfile(os.path.join(request["cwd"], request["argv"][0])):
         return f"no script {request['argv'][0]!r}"
     return None
 
@@ -215,6 +216,7 @@ def serve(path):
     try:
         while True:
             conn, _ = listener.accept()
+            conn.settimeout(10)  # a client that sends no whole request does not stop the server
             try:
                 data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
                 if len(fds) != 3:
@@ -226,6 +228,7 @@ def serve(path):
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            conn.settimeout(None)
             if os.fork() == 0:
                 keep(conn, request, fds, listener)
             for fd in fds:
