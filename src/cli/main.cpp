@@ -1,5 +1,7 @@
 // wrapcert: the command-line tool. `wrapcert demo` shows the seed's bug and its fix.
 
+#include "serve.h"
+
 #include <wrapcert/certify/certify.h>
 #include <wrapcert/certify/hardware.h>
 #include <wrapcert/certify/launch.h>
@@ -845,7 +847,8 @@ int run_check_dump(const std::string& file) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+/// The tool's command line (in a process of its own, or forked by `serve-forks`).
+int run_command_line(int argc, char** argv) {
   command_line().assign(argv, argv + argc);
   CLI::App app{"wrapcert: verify that unwrapping wrapped module trees gives the model back"};
   app.require_subcommand(1);
@@ -1109,4 +1112,16 @@ int main(int argc, char** argv) {
     return kExitBroken;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  // Not a subcommand of the parser: the children it forks parse their own command lines.
+  if (argc >= 2 && std::string(argv[1]) == "serve-forks") {
+    if (argc != 3) {
+      std::cerr << "usage: wrapcert serve-forks SOCKET\n";
+      return kExitUsage;
+    }
+    return wrapcert::cli::serve_forks(argv[2], &run_command_line);
+  }
+  return run_command_line(argc, argv);
 }

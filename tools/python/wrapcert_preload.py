@@ -7,6 +7,9 @@ starts in milliseconds instead of the second and a half that importing torch cos
                                             # run SCRIPT there as `python3 SCRIPT ARGS...` would:
                                             # this process's stdin, stdout, stderr, environment
                                             # and folder; its exit status; signals passed on
+    wrapcert_preload.py run-program SOCKET PROGRAM [ARGS...]
+                                            # the same for `wrapcert serve-forks SOCKET`, the
+                                            # tool's own server: PROGRAM is the tool
 
 `wrapcert certify-python` starts its workers there when WRAPCERT_PYTHON_PRELOAD names the
 socket (docs/python.md, "A preloaded interpreter"). A script runs in a forked child of the
@@ -19,14 +22,19 @@ locale) must be what the server started with: where it differs, or the interpret
 another one, the server refuses and the caller starts a new interpreter.
 
 Protocol (a Unix stream socket): the client sends one JSON line, {"interpreter", "argv",
-"env", "cwd", "faulthandler"}, with its three descriptors for stdin, stdout and stderr
-(SCM_RIGHTS). A process of the server's (the keeper) answers {"pid": N} once the script's
-process runs, or {"refused": REASON}; then {"status": S} (a wait status) when it ended. The
-client may send {"signal": N} lines: the keeper signals the script's process while it has not
-been reaped (no pid is signalled after it is reused). A client that hangs up kills it.
+"env", "cwd", "faulthandler", "rlimits", "umask", "ignored", "blocked", "fds"}, with its
+descriptors (SCM_RIGHTS): stdin, stdout and stderr, then its other open ones, whose numbers
+"fds" lists and which the script's process gets under the same numbers. Its limits ("rlimits",
+`ulimit`) must be the server's; the process gets its umask and the signals it ignores and
+blocks. A process of the server's (the keeper) answers {"pid": N} once the script's process
+runs, or {"refused": REASON}; then {"status": S} (a wait status) when it ended. The client may
+send {"signal": N} lines: the keeper signals the script's process while it has not been reaped
+(no pid is signalled after it is reused). A client that hangs up kills it.
 """
+import fcntl
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -57,7 +65,60 @@ def send(conn, message):
         pass
 
 
+# The most descriptors a request carries (the kernel's limit for one message is 253).
+MAX_DESCRIPTORS = 253
+
+
+def limits():
+    """This process's limits (`ulimit`), {RESOURCE: [SOFT, HARD]} (-1: unlimited)."""
+    out = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                out[str(getattr(resource, name))] = list(resource.getrlimit(getattr(resource, name)))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def open_descriptors():
+    """The descriptors open in this process."""
+    listed = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    out = []
+    for fd in listed:  # the listing's own descriptor is closed by now
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+            out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+def descriptor_clash(request, fds, ours):
+    """Why the caller's other descriptors cannot have their numbers in a child of this process
+    (None where they can): a number this process uses for something else."""
+    wanted = set(request.get("fds", []))
+    for fd in open_descriptors():
+        if fd > 2 and fd in wanted and fd not in fds and fd not in ours:
+            return f"the caller's descriptor {fd} is one the server uses"
+    return None
+
+
+def move_descriptors(fds, targets):
+    """Gives each descriptor in `fds` the number in `targets`, inheritable as in the caller."""
+    base = max(list(fds) + list(targets)) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(moved, targets):
+        os.dup2(fd, target)
+    for fd in moved:
+        os.close(fd)
+
+
 def refusal(request):
+    if request.get("rlimits", limits()) != limits():
+        return "the caller's limits (ulimit) are not the server's"
     interpreter = os.path.realpath(request.get("interpreter") or "")
     if interpreter != os.path.realpath(sys.executable):
         return f"the interpreter {request.get('interpreter')!r} is not this one ({sys.executable})"
@@ -79,14 +140,14 @@ def become_script(request, fds, closing):
     try:
         for fd in closing:
             os.close(fd)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
+        move_descriptors(fds, [0, 1, 2] + list(request.get("fds", [])))
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in request.get("ignored", []):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", []))
+        os.umask(request.get("umask", 0o22))
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -164,7 +225,7 @@ def keep(conn, request, fds, listener):
     end to the client."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    reason = refusal(request)
+    reason = refusal(request) or descriptor_clash(request, fds, [conn.fileno(), listener.fileno()])
     if reason:
         send(conn, {"refused": reason})
         os._exit(0)
@@ -218,10 +279,18 @@ def serve(path):
             conn, _ = listener.accept()
             conn.settimeout(10)  # a client that sends no whole request does not stop the server
             try:
-                data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
-                if len(fds) != 3:
-                    raise ValueError("a request without its three descriptors")
+                data, fds, flags, _ = socket.recv_fds(conn, 65536, MAX_DESCRIPTORS)
+                if len(fds) < 3 or flags & socket.MSG_CTRUNC:
+                    for fd in fds:
+                        os.close(fd)
+                    raise ValueError("a request without its descriptors")
                 request, _ = read_line(conn, data)
+                others = request.get("fds", [])
+                if len(others) + 3 != len(fds) or not all(isinstance(fd, int) and fd > 2
+                                                          for fd in others):
+                    for fd in fds:
+                        os.close(fd)
+                    raise ValueError("its descriptors are not those it names")
             except (OSError, ValueError, ConnectionError) as e:
                 send(conn, {"refused": f"a bad request: {e}"})
                 conn.close()
@@ -241,27 +310,66 @@ def serve(path):
             pass
 
 
-def run(path, argv):
-    """A client: runs `python3 SCRIPT ARGS...` on the server, or in a new interpreter where the
-    server refuses or is not there; exits as the script does."""
+def serve_tool(tool, folder):
+    """Starts `TOOL serve-forks` with its socket in `folder`; returns (server process or None,
+    the command that runs the tool there: [python3, -S, this file, run-program, SOCKET, TOOL]),
+    or (None, [TOOL]) where it does not start. Stop the server with terminate()."""
+    import subprocess
+    import time
+    path = os.path.join(folder, "tool.sock")
+    server = subprocess.Popen([tool, "serve-forks", path], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not os.path.exists(path):
+        server.kill()
+        print("note: the tool's server did not start; the tool starts anew each time:",
+              server.communicate()[1].decode(errors="replace"), file=sys.stderr)
+        return None, [tool]
+    return server, [sys.executable, "-S", os.path.abspath(__file__), "run-program", path, tool]
+
+
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+           signal.SIGUSR2, signal.SIGALRM)
+
+
+def run(path, argv, program=None):
+    """A client: runs `python3 SCRIPT ARGS...` (or `PROGRAM ARGS...` on the tool's server) on
+    the server, or in a new process where the server refuses or is not there; exits as that
+    process does."""
+    # The caller's other open descriptors go too, with their numbers (`--keys /dev/fd/63`).
+    others = [fd for fd in open_descriptors() if fd > 2]
+    ignored = [int(s) for s in RELAYED if signal.getsignal(s) == signal.SIG_IGN]
+    mask = os.umask(0)
+    os.umask(mask)
     request = {"interpreter": sys.executable, "argv": argv, "env": dict(os.environ),
-               "cwd": os.getcwd(), "faulthandler": False}
+               "cwd": os.getcwd(), "faulthandler": False, "rlimits": limits(), "umask": mask,
+               "ignored": ignored,
+               "blocked": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])]}
+    if program:
+        request["program"] = program
+    request["fds"] = others
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        if len(others) + 3 > MAX_DESCRIPTORS:
+            raise OSError("more descriptors than one message carries")
         conn.connect(path)
-        socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [0, 1, 2])
+        socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [0, 1, 2] + others)
         reply, buffer = read_line(conn)
     except (OSError, ConnectionError, ValueError):
         reply, buffer = {}, b""
     if "pid" not in reply:
         conn.close()
+        if program:
+            os.execv(program, [program] + argv)
         os.execv(sys.executable, [sys.executable] + argv)
 
     def relay(sig, _frame):
         send(conn, {"signal": sig})
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2, signal.SIGALRM):
-        signal.signal(sig, relay)
+    for sig in RELAYED:
+        if int(sig) not in ignored:
+            signal.signal(sig, relay)
     while True:
         try:
             message, buffer = read_line(conn, buffer)
@@ -282,6 +390,8 @@ if __name__ == "__main__":
         serve(sys.argv[2])
     elif len(sys.argv) >= 4 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "run-program":
+        run(sys.argv[2], sys.argv[4:], program=sys.argv[3])
     else:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         sys.exit(64)
