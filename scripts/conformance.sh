@@ -33,10 +33,12 @@ fi
 export PYTHONPATH="$root/regression/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONHASHSEED=0
 work=$(mktemp -d)
-# The workers are forked from one interpreter that imported torch once (tools/preload.sh).
+# The workers are forked from one interpreter that imported torch once, and each run of the
+# tool from one process of the tool that loaded LibTorch once (tools/preload.sh).
 source "$root/tools/preload.sh"
 trap 'preload_stop; rm -rf "$work"' EXIT
 preload_start "$work"
+tool_preload_start "$work" "$tool"
 
 # WRAPPERS: '+' stacks wrappers (innermost first), '@N' runs at world size N.
 wrappers=("DataParallel" "DistributedDataParallel" "DistributedDataParallel@2"

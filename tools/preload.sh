@@ -6,7 +6,12 @@
 #                               command that runs a script there: "${py[@]}" SCRIPT ARGS... is
 #                               PYTHON SCRIPT ARGS... (default /usr/bin/python3), exit status
 #                               and signals included. Where it does not start, `py` is PYTHON.
-#   preload_stop                stops it (from the script's EXIT trap)
+#   preload_stop                stops it (from the script's EXIT trap), and the tool's server
+#   tool_preload_start DIR TOOL starts `TOOL serve-forks` (its socket in DIR), which forks each
+#                               run of the tool from a process that loaded LibTorch once, and
+#                               sets `tool` to a command file in DIR that runs TOOL ARGS...
+#                               there, exit status and signals included (where the server
+#                               refuses or does not start, TOOL itself runs)
 preload_pid=""
 preload_start() {
   local dir=$1 python=${2:-/usr/bin/python3}
@@ -29,9 +34,37 @@ preload_start() {
     cat "$dir/preload.log" >&2
   fi
 }
+tool_server_pid=""
+tool_preload_start() {
+  local dir=$1 real
+  real="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+  local script
+  script="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/python/wrapcert_preload.py"
+  tool=$real
+  "$real" serve-forks "$dir/tool.sock" < /dev/null > "$dir/tool-server.log" 2>&1 &
+  tool_server_pid=$!
+  local i
+  for ((i = 0; i < 300; i++)); do
+    [ -S "$dir/tool.sock" ] && break
+    kill -0 "$tool_server_pid" 2>/dev/null || break
+    sleep 0.02
+  done
+  if [ -S "$dir/tool.sock" ]; then
+    printf '#!/bin/sh\nexec /usr/bin/python3 -S %q run-program %q %q "$@"\n' \
+      "$script" "$dir/tool.sock" "$real" > "$dir/wrapcert"
+    chmod +x "$dir/wrapcert"
+    tool="$dir/wrapcert"
+  else
+    echo "note: the tool's server did not start; the tool starts anew each time" >&2
+    cat "$dir/tool-server.log" >&2
+  fi
+}
 preload_stop() {
   [ -n "$preload_pid" ] && kill "$preload_pid" 2>/dev/null && wait "$preload_pid" 2>/dev/null
   preload_pid=""
+  [ -n "$tool_server_pid" ] && kill "$tool_server_pid" 2>/dev/null &&
+    wait "$tool_server_pid" 2>/dev/null
+  tool_server_pid=""
   unset WRAPCERT_PYTHON_PRELOAD
   return 0
 }

@@ -10,6 +10,7 @@
 #   xla (torch_xla's FSDPv2, where a TPU is found and torch_xla imports; else exit 77: skipped)
 set -uo pipefail
 tool=$1 group=$2
+built_tool=$tool  # $tool may become a client of the tool's server (tools/preload.sh)
 src=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$src/property_tests/python:$src/regression/python${PYTHONPATH:+:$PYTHONPATH}"
 dir=$(mktemp -d)
@@ -21,7 +22,10 @@ export WRAPCERT_TEST_MARK="$dir"
 source "$src/tools/preload.sh"
 py=(/usr/bin/python3)
 trap 'preload_stop; rm -rf "$dir"' EXIT
-[ "$group" = torch ] || preload_start "$dir"
+if [ "$group" != torch ]; then
+  preload_start "$dir"
+  tool_preload_start "$dir" "$tool"
+fi
 fail() { echo "FAIL: $*"; exit 1; }
 run() {  # run EXPECTED_EXIT ARGS...: output in $dir/out.txt, report in $dir/report.json
   local want=$1
@@ -281,7 +285,7 @@ PY
     cat > "$dir/slow/wrapcert_worker.py" <<PY
 import runpy, sys, time
 time.sleep(4)
-sys.argv[0] = "$(dirname "$tool")/share/wrapcert/python/wrapcert_worker.py"
+sys.argv[0] = "$(dirname "$built_tool")/share/wrapcert/python/wrapcert_worker.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 PY
     WRAPCERT_PYTHON_DIR="$dir/slow" certify 0 --wrapper DataParallel --timeout 3
@@ -309,8 +313,10 @@ PY
     left_running() {
       local p
       for p in /proc/[0-9]*; do
-        [ "${p#/proc/}" = "$preload_pid" ] && continue
-        [ "$(awk '/^PPid:/ {print $2}' "$p/status" 2>/dev/null)" = "$preload_pid" ] && continue
+        case "${p#/proc/}" in "$preload_pid" | "$tool_server_pid") continue ;; esac
+        case "$(awk '/^PPid:/ {print $2}' "$p/status" 2>/dev/null)" in
+          "$preload_pid" | "$tool_server_pid") continue ;;
+        esac
         { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -qx "WRAPCERT_TEST_MARK=$dir" &&
           echo "${p#/proc/}: $({ tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)"
       done

@@ -17,6 +17,7 @@ dir=$(mktemp -d)
 source "$here/preload.sh"
 trap 'preload_stop; rm -rf "$dir"' EXIT
 preload_start "$dir" "$python"
+tool_preload_start "$dir" "$tool"
 fail() { echo "FAIL: $*"; exit 1; }
 run() {  # run EXPECTED_EXIT OUTPUT_FILE ARGS...: the command's stdout and stderr into OUTPUT_FILE
   local want=$1 out=$2

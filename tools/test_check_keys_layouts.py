@@ -15,14 +15,12 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
-import traceback
 
 import torch
 
 import dcp_standin
-from test_check_keys_training import (TOOL, prefixed, read_safetensors_plain, run, same,
-                                      save_clean, trained, write_safetensors)
+from test_check_keys_training import (COMMAND, prefixed, read_safetensors_plain, run, run_cases,
+                                      same, save_clean, serve_tool, trained, write_safetensors)
 
 
 def hub_snapshot(d, files):
@@ -634,10 +632,10 @@ def killed_at_random(d, args, check, times=12):
     import time
     rng = random.Random(7)
     start = time.monotonic()
-    subprocess.run([TOOL, *args], capture_output=True, timeout=120)
+    subprocess.run([*COMMAND, *args], capture_output=True, timeout=120)
     took = time.monotonic() - start
     for _ in range(times):
-        proc = subprocess.Popen([TOOL, *args], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([*COMMAND, *args], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0, took))
         proc.kill()
@@ -712,21 +710,14 @@ CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith
 
 
 def main():
-    only = sys.argv[2:]
-    passed = failed = 0
-    for name, fn in CASES:
-        if only and not any(o in name for o in only):
-            continue
-        with tempfile.TemporaryDirectory() as d:
-            try:
-                fn(d)
-                passed += 1
-                print(f"ok    {name}")
-            except Exception:  # noqa: BLE001 - every failure is reported, the run goes on
-                failed += 1
-                print(f"FAIL  {name}\n{traceback.format_exc()}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    server, folder = serve_tool()
+    try:
+        return run_cases(CASES, sys.argv[2:])
+    finally:
+        if server:
+            server.terminate()
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

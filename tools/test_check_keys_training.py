@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -24,6 +25,9 @@ import torch
 import torch.nn as nn
 
 TOOL = sys.argv[1]
+# The command that runs the tool: main() points it at a server of the tool's that forks each
+# run (tools/python/wrapcert_preload.py, `serve_tool`).
+COMMAND = [TOOL]
 
 
 class Tiny(nn.Module):
@@ -50,7 +54,7 @@ def prefixed(state, prefix):
 
 
 def run(*args, want):
-    done = subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == want, f"wrapcert {' '.join(args)} exited {done.returncode}:\n{out}"
     return out
@@ -437,9 +441,32 @@ CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith
          and name != "case_in_place_keeps_every_trainer_entry"]
 
 
+def serve_tool():
+    """Points COMMAND at a server of the tool's; returns the server (None where it did not
+    start) and the folder of its socket."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+    import wrapcert_preload
+    folder = tempfile.mkdtemp(prefix="wrapcert-tool-")
+    server, COMMAND[:] = wrapcert_preload.serve_tool(TOOL, folder)
+    return server, folder
+
+
 def main():
+    server, folder = serve_tool()
+    try:
+        return run_cases(CASES)
+    finally:
+        if server:
+            server.terminate()
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_cases(cases, only=()):
     passed = failed = 0
-    for name, fn in CASES:
+    for name, fn in cases:
+        if only and not any(o in name for o in only):
+            continue
         with tempfile.TemporaryDirectory() as d:
             try:
                 fn(d)
