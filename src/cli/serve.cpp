@@ -1,5 +1,7 @@
 #include "serve.h"
 
+#include <wrapcert/certify/launch.h>
+
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -53,16 +55,6 @@ std::map<std::string, std::string> environment() {
     if (eq != std::string::npos) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
   }
   return env;
-}
-
-size_t threads_of_this_process() {
-  std::error_code ec;
-  size_t n = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
-  }
-  return ec || n == 0 ? 2 : n;
 }
 
 /// Why this server must not run `request` ("" where it may).
@@ -346,9 +338,7 @@ int serve_forks(const std::string& path, CommandLine run) {
     }
     const timeval none{0, 0};
     ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-    // A fork copies the forking thread alone: with another thread running, a lock it held
-    // would stay held in the child.
-    std::string reason = threads_of_this_process() == 1 ? "" : "the server runs threads";
+    std::string reason = certify::threads_of_this_process() == 1 ? "" : "the server runs threads";
     if (reason.empty()) {
       try {
         reason = refusal(request, start_env);

@@ -108,17 +108,6 @@ std::optional<Divergence> diverged(const std::vector<Rank>& ranks) {
   }
 }
 
-/// The threads of this process, from /proc (2 where it cannot tell: then nothing is forked).
-size_t threads_of_this_process() {
-  std::error_code ec;
-  size_t n = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
-  }
-  return ec || n == 0 ? 2 : n;
-}
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -137,6 +126,16 @@ std::string where_of(const std::string& progress) {
 }
 
 }  // namespace
+
+size_t threads_of_this_process() {
+  std::error_code ec;
+  size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return ec || n == 0 ? 2 : n;
+}
 
 Report run_rank(Options options, const Rendezvous& rendezvous, const Listener& listener) {
   auto group = ProcessGroup::join(rendezvous);

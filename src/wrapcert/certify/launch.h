@@ -12,6 +12,7 @@
 
 #include <wrapcert/certify/certify.h>
 
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -52,5 +53,11 @@ struct World {
 /// stopped (SIGTERM, then SIGKILL), every process is reaped, and the report gets a failed entry
 /// naming the rank, how it ended and its last output. Nothing is left running or on disk.
 Report launch_ranks(const Options& options, const World& world, const Listener& listener = nullptr);
+
+/// The threads this process runs, from /proc (2 where it cannot tell). A fork copies only the
+/// forking thread, and a lock another thread held stays held in the child: a process forks
+/// instead of starting a program (the launcher's ranks, `wrapcert serve-forks`) only while this
+/// is 1.
+size_t threads_of_this_process();
 
 }  // namespace wrapcert::certify
