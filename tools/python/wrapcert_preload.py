@@ -147,7 +147,8 @@ def become_script(request, fds, closing):
         for sig in request.get("ignored", []):
             signal.signal(sig, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", []))
-        os.umask(request.get("umask", 0o22))
+        if "umask" in request:  # a request without one keeps the server's
+            os.umask(request["umask"])
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
