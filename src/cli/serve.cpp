@@ -1,5 +1,6 @@
 #include "serve.h"
 
+#include <wrapcert/certify/hardware.h>
 #include <wrapcert/certify/launch.h>
 
 #include <nlohmann/json.hpp>
@@ -27,8 +28,6 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
-
 namespace wrapcert::cli {
 namespace {
 
@@ -45,16 +44,6 @@ bool read_at_start(const std::string& name) {
     if (name.rfind(p, 0) == 0) return true;
   }
   return name == "GLIBC_TUNABLES" || name == "LANG" || name == "LANGUAGE";
-}
-
-std::map<std::string, std::string> environment() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string entry = *e;
-    const auto eq = entry.find('=');
-    if (eq != std::string::npos) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
-  }
-  return env;
 }
 
 /// Why this server must not run `request` ("" where it may).
@@ -222,7 +211,7 @@ std::string descriptor_clash(const json& request, const std::vector<int>& fds, i
   sigemptyset(&mask);
   for (const auto& sig : request.value("blocked", json::array())) sigaddset(&mask, sig.get<int>());
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
-  ::umask(static_cast<mode_t>(request.value("umask", 022)));
+  if (request.contains("umask")) ::umask(request.at("umask").get<mode_t>());  // else the server's
   ::clearenv();
   for (const auto& [k, v] : request.at("env").items()) {
     ::setenv(k.c_str(), v.get<std::string>().c_str(), 1);
@@ -304,7 +293,7 @@ int serve_forks(const std::string& path, CommandLine run) {
     std::cerr << "wrapcert serve-forks: '" << path << "' exists; give a new path\n";
     return 64;
   }
-  const auto start_env = environment();
+  const auto start_env = hardware::process_environment();
   const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

@@ -47,6 +47,8 @@ std::vector<std::string> matching(const fs::path& dir, const std::string& prefix
   return found;
 }
 
+}  // namespace
+
 std::map<std::string, std::string> process_environment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e && *e; ++e) {
@@ -56,8 +58,6 @@ std::map<std::string, std::string> process_environment() {
   }
   return env;
 }
-
-}  // namespace
 
 Report detect(const ProbeOptions& options) {
   Report report;

@@ -37,4 +37,7 @@ Report detect(const ProbeOptions& options = {});
 std::string to_text(const Report& report);
 std::string to_json(const Report& report);
 
+/// This process's environment, by name.
+std::map<std::string, std::string> process_environment();
+
 }  // namespace wrapcert::hardware
