@@ -13,6 +13,15 @@
 #                               there, exit status and signals included (where the server
 #                               refuses or does not start, TOOL itself runs)
 preload_pid=""
+wait_for_socket() {  # wait_for_socket SOCKET PID TRIES PAUSE: true once SOCKET listens
+  local i
+  for ((i = 0; i < $3; i++)); do
+    [ -S "$1" ] && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep "$4"
+  done
+  [ -S "$1" ]
+}
 preload_start() {
   local dir=$1 python=${2:-/usr/bin/python3}
   local script
@@ -20,13 +29,7 @@ preload_start() {
   py=("$python")
   "$python" "$script" serve "$dir/preload.sock" > "$dir/preload.log" 2>&1 &
   preload_pid=$!
-  local i
-  for ((i = 0; i < 600; i++)); do  # the socket appears once torch is imported
-    [ -S "$dir/preload.sock" ] && break
-    kill -0 "$preload_pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -S "$dir/preload.sock" ]; then
+  if wait_for_socket "$dir/preload.sock" "$preload_pid" 600 0.1; then  # once torch is imported
     export WRAPCERT_PYTHON_PRELOAD="$dir/preload.sock"
     py=("$python" "$script" run "$dir/preload.sock")
   else
@@ -43,13 +46,7 @@ tool_preload_start() {
   tool=$real
   "$real" serve-forks "$dir/tool.sock" < /dev/null > "$dir/tool-server.log" 2>&1 &
   tool_server_pid=$!
-  local i
-  for ((i = 0; i < 300; i++)); do
-    [ -S "$dir/tool.sock" ] && break
-    kill -0 "$tool_server_pid" 2>/dev/null || break
-    sleep 0.02
-  done
-  if [ -S "$dir/tool.sock" ]; then
+  if wait_for_socket "$dir/tool.sock" "$tool_server_pid" 300 0.02; then
     printf '#!/bin/sh\nexec /usr/bin/python3 -S %q run-program %q %q "$@"\n' \
       "$script" "$dir/tool.sock" "$real" > "$dir/wrapcert"
     chmod +x "$dir/wrapcert"
