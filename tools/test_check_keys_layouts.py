@@ -19,8 +19,9 @@ import tarfile
 import torch
 
 import dcp_standin
-from test_check_keys_training import (COMMAND, prefixed, read_safetensors_plain, run, run_cases,
-                                      same, save_clean, serve_tool, trained, write_safetensors)
+import test_check_keys_training
+from test_check_keys_training import (COMMAND, prefixed, read_safetensors_plain, run, same,
+                                      save_clean, trained, write_safetensors)
 
 
 def hub_snapshot(d, files):
@@ -710,14 +711,7 @@ CASES = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith
 
 
 def main():
-    server, folder = serve_tool()
-    try:
-        return run_cases(CASES, sys.argv[2:])
-    finally:
-        if server:
-            server.terminate()
-            server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+    return test_check_keys_training.main(CASES, sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -451,10 +451,12 @@ def serve_tool():
     return server, folder
 
 
-def main():
+def main(cases=None, only=()):
+    """Runs `cases` (default: this file's), those whose names contain one of `only` where it is
+    given, with the tool served."""
     server, folder = serve_tool()
     try:
-        return run_cases(CASES)
+        return run_cases(CASES if cases is None else cases, only)
     finally:
         if server:
             server.terminate()
