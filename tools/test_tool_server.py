@@ -34,6 +34,93 @@ def request(path, argv, env=None, rlimits=None, cwd=None, streams=None):
     return conn, reply, buffer
 
 
+def wait_status(conn, buffer):
+    """The wait status the server sends once the run ends."""
+    while b"\n" not in buffer:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return None
+        buffer += chunk
+    return json.loads(buffer.split(b"\n")[0]).get("status")
+
+
+def started_with(command, socket_path, fds):
+    """A server started, as a shell or ctest starts one, with other descriptors open: `fds`."""
+    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, pass_fds=fds)
+    for _ in range(3000):
+        if os.path.exists(socket_path) or server.poll() is not None:
+            break
+        time.sleep(0.02)
+    return server
+
+
+def inherited_descriptors(check, d):
+    """A descriptor a server was started with is not the server's: a caller's descriptor under
+    that number is served, not refused, and is the run's; one the caller does not have is not
+    open in the run. (ctest and shells leave such descriptors open to the servers they start
+    and to the callers alike.)"""
+    paths = {}
+    for name in ("server", "caller", "unshared"):
+        paths[name] = os.path.join(d, name + ".txt")
+        with open(paths[name], "w") as f:
+            f.write(f"{name}'s\n")
+    shared, unshared = 57, 58
+    for fd, name in ((shared, "server"), (unshared, "unshared")):
+        opened = os.open(paths[name], os.O_RDONLY)
+        os.dup2(opened, fd, inheritable=True)
+        os.close(opened)
+    script = os.path.join(d, "descriptors.py")
+    with open(script, "w") as f:
+        f.write("import os, sys\n"
+                "open_ = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
+                f"print({shared} in open_, {unshared} in open_, "
+                f"open('/dev/fd/{shared}').read().strip())\n")
+    servers = []
+    try:
+        tool_socket = os.path.join(d, "inherited-tool.sock")
+        servers.append(started_with([TOOL, "serve-forks", tool_socket], tool_socket,
+                                    [shared, unshared]))
+        python_socket = os.path.join(d, "inherited-python.sock")
+        servers.append(started_with([sys.executable, wrapcert_preload.__file__, "serve",
+                                     python_socket], python_socket, [shared, unshared]))
+        os.close(unshared)
+        caller = os.open(paths["caller"], os.O_RDONLY)
+        os.dup2(caller, shared, inheritable=True)
+        os.close(caller)
+        out_path = os.path.join(d, "inherited-out.txt")
+        runs = ((tool_socket, {"program": TOOL, "argv": ["check-keys", "--help"]}),
+                (python_socket, {"interpreter": sys.executable, "argv": [script]}))
+        for (path, what), server in zip(runs, servers):
+            name = "the tool's server" if "program" in what else "the preloaded interpreter"
+            with open(out_path, "w") as sink:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.connect(path)
+                message = {"env": dict(os.environ), "cwd": d,
+                           "rlimits": wrapcert_preload.limits(), "umask": 0o22, "ignored": [],
+                           "blocked": [], "fds": [shared], **what}
+                socket.send_fds(conn, [(json.dumps(message) + "\n").encode()],
+                                [0, sink.fileno(), sink.fileno(), shared])
+                reply, buffer = wrapcert_preload.read_line(conn)
+                status = wait_status(conn, buffer) if "pid" in reply else None
+                conn.close()
+            check("pid" in reply, f"{name}: a caller's descriptor numbered as one the server was "
+                                  f"started with is served ({reply})")
+            with open(out_path) as f:
+                out = f.read()
+            if "program" in what:
+                check(status == 0 and "--keys" in out, f"{name}: the run ends as the tool's")
+            else:
+                check(status == 0 and out.strip() == "True False caller's",
+                      f"{name}: the run has the caller's descriptor, not the server's, and not "
+                      f"the one only the server was started with ({out.strip()!r})")
+    finally:
+        os.close(shared)
+        for server in servers:
+            server.terminate()
+            server.wait()
+
+
 def ancestors(pid):
     out = []
     while pid > 1:
@@ -137,6 +224,7 @@ def main():
             server.terminate()
             server.wait()
         check(not os.path.exists(os.path.join(d, "tool.sock")), "the server removes its socket")
+        inherited_descriptors(check, d)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 

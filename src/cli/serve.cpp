@@ -169,11 +169,17 @@ std::vector<int> open_descriptors() {
 }
 
 /// Why the caller's descriptors cannot have their numbers in a child of this keeper ("" where
-/// they can): a number this process uses for something else.
-std::string descriptor_clash(const json& request, const std::vector<int>& fds, int conn) {
+/// they can): a number this process uses for something else. The descriptors the server was
+/// started with (`inherited`: a shell's, ctest's) are not the server's to use: the child gives
+/// their numbers to the caller's.
+std::string descriptor_clash(const json& request, const std::vector<int>& fds, int conn,
+                             const std::vector<int>& inherited) {
   const auto others = request.value("fds", std::vector<int>{});
+  const auto in = [](const std::vector<int>& v, int fd) {
+    return std::find(v.begin(), v.end(), fd) != v.end();
+  };
   for (int fd : open_descriptors()) {
-    if (fd < 3 || fd == conn || std::find(fds.begin(), fds.end(), fd) != fds.end()) continue;
+    if (fd < 3 || fd == conn || in(fds, fd) || in(inherited, fd)) continue;
     if (std::find(others.begin(), others.end(), fd) != others.end()) {
       return "the caller's descriptor " + std::to_string(fd) + " is one the server uses";
     }
@@ -181,9 +187,11 @@ std::string descriptor_clash(const json& request, const std::vector<int>& fds, i
   return "";
 }
 
-/// In the forked child: the client's streams, folder, signal dispositions, mask, umask and
-/// environment, then the command line. Never returns.
-[[noreturn]] void become(const json& request, const std::vector<int>& fds, CommandLine run) {
+/// In the forked child: the client's streams and descriptors (none of those the server was
+/// started with), folder, signal dispositions, mask, umask and environment, then the command
+/// line. Never returns.
+[[noreturn]] void become(const json& request, const std::vector<int>& fds,
+                         const std::vector<int>& inherited, CommandLine run) {
   // Each descriptor to its number in the caller: first above every number in play, so that
   // none is closed before it is moved.
   std::vector<int> targets{0, 1, 2};
@@ -201,6 +209,9 @@ std::string descriptor_clash(const json& request, const std::vector<int>& fds, i
     if (::dup2(moved[i], targets[i]) < 0) ::_exit(71);  // without close-on-exec, as inherited
   }
   close_all(moved);
+  for (int fd : inherited) {
+    if (std::find(targets.begin(), targets.end(), fd) == targets.end()) ::close(fd);
+  }
   if (::chdir(request.at("cwd").get<std::string>().c_str()) != 0) {
     std::fprintf(stderr, "wrapcert: cannot enter the caller's folder: %s\n", std::strerror(errno));
     ::_exit(71);
@@ -230,10 +241,11 @@ std::string descriptor_clash(const json& request, const std::vector<int>& fds, i
 /// The keeper, a child of the server: starts the command line in a child of its own, relays
 /// signals to it, kills it when the client goes, and sends its wait status.
 [[noreturn]] void keep(int conn, const json& request, const std::vector<int>& fds,
-                       const std::string& reason, CommandLine run) {
+                       const std::vector<int>& inherited, const std::string& reason,
+                       CommandLine run) {
   ::signal(SIGCHLD, SIG_DFL);
   ::signal(SIGTERM, SIG_DFL);
-  const std::string why = reason.empty() ? descriptor_clash(request, fds, conn) : reason;
+  const std::string why = reason.empty() ? descriptor_clash(request, fds, conn, inherited) : reason;
   if (!why.empty()) {
     send_line(conn, {{"refused", why}});
     ::_exit(0);
@@ -245,7 +257,7 @@ std::string descriptor_clash(const json& request, const std::vector<int>& fds, i
   }
   if (pid == 0) {
     ::close(conn);
-    become(request, fds, run);
+    become(request, fds, inherited, run);
   }
   close_all(fds);
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
@@ -294,6 +306,10 @@ int serve_forks(const std::string& path, CommandLine run) {
     return 64;
   }
   const auto start_env = hardware::process_environment();
+  std::vector<int> inherited;  // what the server was started with, not what it opens
+  for (int fd : open_descriptors()) {
+    if (fd > 2) inherited.push_back(fd);
+  }
   const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -338,7 +354,7 @@ int serve_forks(const std::string& path, CommandLine run) {
     const pid_t keeper = ::fork();
     if (keeper == 0) {
       ::close(listener);
-      keep(conn, request, fds, reason, run);
+      keep(conn, request, fds, inherited, reason, run);
     }
     close_all(fds);
     ::close(conn);

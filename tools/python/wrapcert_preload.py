@@ -94,12 +94,17 @@ def open_descriptors():
     return out
 
 
+# The descriptors the server was started with (a shell's, ctest's): not the server's to use, so
+# a child gives their numbers to the caller's, and closes the others.
+INHERITED = []
+
+
 def descriptor_clash(request, fds, ours):
     """Why the caller's other descriptors cannot have their numbers in a child of this process
     (None where they can): a number this process uses for something else."""
     wanted = set(request.get("fds", []))
     for fd in open_descriptors():
-        if fd > 2 and fd in wanted and fd not in fds and fd not in ours:
+        if fd > 2 and fd in wanted and fd not in fds and fd not in ours and fd not in INHERITED:
             return f"the caller's descriptor {fd} is one the server uses"
     return None
 
@@ -140,7 +145,14 @@ def become_script(request, fds, closing):
     try:
         for fd in closing:
             os.close(fd)
-        move_descriptors(fds, [0, 1, 2] + list(request.get("fds", [])))
+        targets = [0, 1, 2] + list(request.get("fds", []))
+        move_descriptors(fds, targets)
+        for fd in INHERITED:
+            if fd not in targets:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -264,6 +276,7 @@ def keep(conn, request, fds, listener):
 
 
 def serve(path):
+    INHERITED[:] = [fd for fd in open_descriptors() if fd > 2]
     # What the scripts it runs import first: torch, its neural-network and distributed packages
     # (wrapcert's worker imports all three).
     import torch  # noqa: F401
