@@ -55,27 +55,25 @@ def started_with(command, socket_path, fds):
     return server
 
 
-def inherited_descriptors(check, d):
+def inherited_descriptors(check, d, golden, listing):
     """A descriptor a server was started with is not the server's: a caller's descriptor under
     that number is served, not refused, and is the run's; one the caller does not have is not
     open in the run. (ctest and shells leave such descriptors open to the servers they start
-    and to the callers alike.)"""
-    paths = {}
-    for name in ("server", "caller", "unshared"):
-        paths[name] = os.path.join(d, name + ".txt")
-        with open(paths[name], "w") as f:
-            f.write(f"{name}'s\n")
+    and to the callers alike.) `listing` holds the keys of the checkpoint `golden`."""
+    server_listing = os.path.join(d, "server-listing.txt")
+    with open(server_listing, "w") as f:
+        f.write("server_only.weight\n")
     shared, unshared = 57, 58
-    for fd, name in ((shared, "server"), (unshared, "unshared")):
-        opened = os.open(paths[name], os.O_RDONLY)
+    for fd in (shared, unshared):
+        opened = os.open(server_listing, os.O_RDONLY)
         os.dup2(opened, fd, inheritable=True)
         os.close(opened)
     script = os.path.join(d, "descriptors.py")
     with open(script, "w") as f:
-        f.write("import os, sys\n"
-                "open_ = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
+        f.write("import os\n"
+                "open_ = [int(fd) for fd in os.listdir('/proc/self/fd')]\n"
                 f"print({shared} in open_, {unshared} in open_, "
-                f"open('/dev/fd/{shared}').read().strip())\n")
+                f"open('/dev/fd/{shared}').readline().strip())\n")
     servers = []
     try:
         tool_socket = os.path.join(d, "inherited-tool.sock")
@@ -84,36 +82,52 @@ def inherited_descriptors(check, d):
         python_socket = os.path.join(d, "inherited-python.sock")
         servers.append(started_with([sys.executable, wrapcert_preload.__file__, "serve",
                                      python_socket], python_socket, [shared, unshared]))
+        # The caller: its own file under the shared number, nothing under the other.
         os.close(unshared)
-        caller = os.open(paths["caller"], os.O_RDONLY)
+        caller = os.open(listing, os.O_RDONLY)
         os.dup2(caller, shared, inheritable=True)
         os.close(caller)
-        out_path = os.path.join(d, "inherited-out.txt")
-        runs = ((tool_socket, {"program": TOOL, "argv": ["check-keys", "--help"]}),
-                (python_socket, {"interpreter": sys.executable, "argv": [script]}))
-        for (path, what), server in zip(runs, servers):
-            name = "the tool's server" if "program" in what else "the preloaded interpreter"
+
+        def served(path, what):
+            """(reply, wait status, output) of one request with the caller's `shared`."""
+            out_path = os.path.join(d, "inherited-out.txt")
             with open(out_path, "w") as sink:
                 conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 conn.connect(path)
                 message = {"env": dict(os.environ), "cwd": d,
                            "rlimits": wrapcert_preload.limits(), "umask": 0o22, "ignored": [],
                            "blocked": [], "fds": [shared], **what}
+                os.lseek(shared, 0, os.SEEK_SET)
                 socket.send_fds(conn, [(json.dumps(message) + "\n").encode()],
                                 [0, sink.fileno(), sink.fileno(), shared])
                 reply, buffer = wrapcert_preload.read_line(conn)
                 status = wait_status(conn, buffer) if "pid" in reply else None
                 conn.close()
-            check("pid" in reply, f"{name}: a caller's descriptor numbered as one the server was "
-                                  f"started with is served ({reply})")
             with open(out_path) as f:
-                out = f.read()
-            if "program" in what:
-                check(status == 0 and "--keys" in out, f"{name}: the run ends as the tool's")
-            else:
-                check(status == 0 and out.strip() == "True False caller's",
-                      f"{name}: the run has the caller's descriptor, not the server's, and not "
-                      f"the one only the server was started with ({out.strip()!r})")
+                return reply, status, f.read()
+
+        # The tool: reading the caller's descriptor, and the one only the server had, as the
+        # tool run anew by the caller does.
+        for fd in (shared, unshared):
+            args = ["check-keys", golden, "--keys", f"/dev/fd/{fd}"]
+            os.lseek(shared, 0, os.SEEK_SET)
+            direct = subprocess.run([TOOL, *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, pass_fds=[shared], text=True)
+            reply, status, out = served(tool_socket, {"program": TOOL, "argv": args})
+            check("pid" in reply, f"the tool's server: a caller's descriptor numbered as one the "
+                                  f"server was started with is served ({reply})")
+            code = None if status is None else os.waitstatus_to_exitcode(status)
+            check((code, out) == (direct.returncode, direct.stdout),
+                  f"the tool's server: --keys /dev/fd/{fd} as the tool run anew "
+                  f"({code} against {direct.returncode}: {out[-200:]!r})")
+        # The interpreter: the caller's descriptor open, the server's other one closed.
+        reply, status, out = served(python_socket,
+                                    {"interpreter": sys.executable, "argv": [script]})
+        check("pid" in reply, f"the preloaded interpreter: a caller's descriptor numbered as one "
+                              f"the server was started with is served ({reply})")
+        check(status == 0 and out.strip() == "True False steps",
+              f"the preloaded interpreter: the run has the caller's descriptor, not the server's, "
+              f"and not the one only the server was started with ({out.strip()!r})")
     finally:
         os.close(shared)
         for server in servers:
@@ -224,7 +238,7 @@ def main():
             server.terminate()
             server.wait()
         check(not os.path.exists(os.path.join(d, "tool.sock")), "the server removes its socket")
-        inherited_descriptors(check, d)
+        inherited_descriptors(check, d, golden, listing)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 

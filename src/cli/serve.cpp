@@ -180,7 +180,7 @@ std::string descriptor_clash(const json& request, const std::vector<int>& fds, i
   };
   for (int fd : open_descriptors()) {
     if (fd < 3 || fd == conn || in(fds, fd) || in(inherited, fd)) continue;
-    if (std::find(others.begin(), others.end(), fd) != others.end()) {
+    if (in(others, fd)) {
       return "the caller's descriptor " + std::to_string(fd) + " is one the server uses";
     }
   }
