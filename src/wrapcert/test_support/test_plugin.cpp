@@ -1,6 +1,5 @@
 // Wrapper kinds in a shared library, for the tests of `wrapcert certify --plugin`: a correct
-// pass-through and a faulty one (it doubles what it forwards); built with
-// WRAPCERT_TEST_PLUGIN_EMPTY, an entry point that registers nothing.
+// pass-through and a faulty one (it doubles what it forwards).
 #include <wrapcert/plugin.h>
 #include <wrapcert/wrappers.h>
 
@@ -26,10 +25,6 @@ class PluginLoudRelayImpl : public wrapcert::WrapperImpl {
 }  // namespace
 
 WRAPCERT_PLUGIN(registry) {
-#ifndef WRAPCERT_TEST_PLUGIN_EMPTY
   registry.add(wrapcert::wrapper_kind<PluginRelayImpl>("PluginRelay", "_relayed_module"));
   registry.add(wrapcert::wrapper_kind<PluginLoudRelayImpl>("PluginLoudRelay", "_relayed_module"));
-#else
-  (void)registry;
-#endif
 }
