@@ -32,9 +32,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <string>
@@ -374,6 +377,11 @@ class WalkingRelayImpl final : public wrapcert::WrapperImpl {
   }
 };
 
+/// Cases per property of the certification benchmarks: 100 (the default of `wrapcert certify`
+/// and `certify-python`) unless `--wrapcert_certify_cases=N` says otherwise (the smoke test's
+/// few, which run each benchmark's code without timing a full certification).
+int g_certify_cases = 100;
+
 /// Kinds certified by BM_CertifyOneKind, by argument: a pass-through, recomputation, the flat-
 /// parameter mode, and a kind whose `make` walks the module it wraps.
 const char* const kCertifiedKinds[] = {"DataParallel", "CheckpointWrapper",
@@ -386,6 +394,7 @@ void BM_CertifyOneKind(benchmark::State& state) {
   state.SetLabel(kind);
   wrapcert::certify::Options options;
   options.seed = 1;
+  options.cases = g_certify_cases;
   options.models = wrapcert::fixtures::certification_models();
   for (auto _ : state) {
     wrapcert::certify::Report report;
@@ -421,6 +430,7 @@ void BM_CertifyPython(benchmark::State& state) {
   options.wrappers = {wrapper};
   options.dtypes = {wrapcert::gen::Dtype::kFloat64};
   options.seed = 1;
+  options.cases = g_certify_cases;
   options.fixtures = false;
   wrapcert::python::Stats stats;
   for (auto _ : state) {
@@ -441,6 +451,7 @@ void BM_CertifyPythonAcrossRanks(benchmark::State& state) {
   options.world_size = static_cast<int>(state.range(0));
   options.dtypes = {wrapcert::gen::Dtype::kFloat64};
   options.seed = 1;
+  options.cases = g_certify_cases;
   options.fixtures = false;
   wrapcert::python::Stats stats;
   for (auto _ : state) {
@@ -455,10 +466,12 @@ void BM_CertifyPythonAcrossRanks(benchmark::State& state) {
 /// Kinds certified across ranks by BM_CertifyAcrossRanks, by argument.
 const char* const kRankKinds[] = {"FullyShardedDataParallel[sharded]", "DistributedDataParallel"};
 
-/// This program, as a rank of BM_CertifyAcrossRanks (`--rank-run KIND`): default options.
+/// This program, as a rank of BM_CertifyAcrossRanks (`--rank-run KIND CASES`): default options
+/// but the cases.
 int run_as_rank(const std::string& kind) {
   wrapcert::certify::Options options;
   options.seed = 1;
+  options.cases = g_certify_cases;
   options.kinds = {kind};
   const auto report =
       wrapcert::certify::run_rank(options, *wrapcert::Rendezvous::from_env(), nullptr);
@@ -474,9 +487,11 @@ void BM_CertifyAcrossRanks(benchmark::State& state) {
   state.SetLabel(kind);
   wrapcert::certify::World w;
   w.size = world;
-  w.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "--rank-run", kind};
+  w.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "--rank-run", kind,
+               std::to_string(g_certify_cases)};
   wrapcert::certify::Options options;
   options.seed = 1;
+  options.cases = g_certify_cases;
   options.kinds = {kind};
   wrapcert::certify::Report report;
   for (auto _ : state) {
@@ -661,7 +676,28 @@ BENCHMARK(BM_ListDistributedCheckpoint)->ArgName("keys")->RangeMultiplier(10)->R
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--rank-run") return run_as_rank(argv[2]);
+  if (argc == 4 && std::string(argv[1]) == "--rank-run") {
+    g_certify_cases = std::stoi(argv[3]);
+    return run_as_rank(argv[2]);
+  }
+  // Ours, taken out before Google Benchmark reads the rest.
+  const std::string cases_flag = "--wrapcert_certify_cases=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(cases_flag, 0) != 0) continue;
+    const auto value = arg.substr(cases_flag.size());
+    char* end = nullptr;
+    const long cases = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || cases < 1 || cases > 1000000) {
+      std::cerr << "wrapcert_bench: " << arg << ": the cases must be a whole number from 1\n";
+      return 2;
+    }
+    g_certify_cases = static_cast<int>(cases);
+    std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is the null pointer
+    --argc;
+    --i;
+  }
+  benchmark::AddCustomContext("certify_cases", std::to_string(g_certify_cases));
   benchmark::AddCustomContext("wrapcert_version", WRAPCERT_VERSION);
   benchmark::AddCustomContext("libtorch_version", TORCH_VERSION);
   benchmark::AddCustomContext("layouts", "layout:0 = gemma-2b, layout:1 = mistral-7b");
