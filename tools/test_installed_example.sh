@@ -10,8 +10,10 @@ prefix="$build/_install"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# Configured as the example's own comment says (no build type): its two units compile in 5
+# CPU-seconds less than at Release's -O3, and what its tests run is the installed library's.
 cmake -S "$src/examples/certify-my-wrapper" -B "$build/_example" -G Ninja \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" >/dev/null
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" >/dev/null
 cmake --build "$build/_example" >/dev/null
 # In any order, again and again: no certification depends on what ran before it.
 "$build/_example/certify_my_wrapper_tests" --gtest_shuffle --gtest_repeat=5
