@@ -211,7 +211,9 @@ TEST(Certify, EachReportSaysWhatAPassExercised) {
 
 TEST(Certify, LeavesTheGlobalRegistryAsItWasSoNoRunDependsOnAnother) {
   const auto before = Registry::global().names();
-  const auto loud = run(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), quick());
+  auto faulty = quick();
+  faulty.properties = {"P4"};  // what rejects it
+  const auto loud = run(wrapper_kind<LoudRelayImpl>("LoudRelay", "_relayed_module"), faulty);
   EXPECT_FALSE(loud.passed());
   EXPECT_EQ(Registry::global().names(), before);
   // The correct kind is certified after the faulty one exactly as on its own: the faulty kind
@@ -304,8 +306,10 @@ TEST(Certify, ShowsTheLegacySubjectFailing) {
   auto o = quick();
   o.kinds = {"SpmdFullyShardedDataParallel"};
   o.subject = BuiltinUnwrap::kLegacy;
+  o.properties = {"P1"};  // the keys it leaves wrapped
   const auto report = run(o);
   EXPECT_FALSE(report.passed());
+  o.properties.clear();
   o.subject = BuiltinUnwrap::kReference;
   o.cases = cases_to_pass(o.cases);
   EXPECT_TRUE(run(o).passed());
@@ -314,6 +318,7 @@ TEST(Certify, ShowsTheLegacySubjectFailing) {
 TEST(Certify, AWrapperThatCrashesIsAFailedEntryWithAReplayNotADeadRun) {
   auto o = quick();
   o.models = fixtures::certification_models({"tiny-mistral"});
+  o.properties = {"P4"};  // every property that runs the model crashes alike
   const auto report = run(wrapper_kind<CrashingRelayImpl>("CrashingRelay", "_relayed_module"), o);
   ASSERT_FALSE(report.passed());
   bool crashed = false;
@@ -461,6 +466,7 @@ TEST(Certify, CertifiesAnUnwrapFunctionOfYourOwn) {
 TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   auto o = quick();
   o.models = fixtures::certification_models({"tiny-mistral"});
+  o.properties = {"P4"};  // the rows read here
   const auto report = run(wrapper_kind<ThrowingRelayImpl>("ThrowingRelay", "_relayed_module"), o);
   size_t blamed = 0;
   for (const auto& e : report.entries) {
@@ -474,6 +480,7 @@ TEST(Certify, BlamesTheWrapperWhoseCodeThrewNotTheSubject) {
   auto broken = wrapper_kind<RelayImpl>("BrokenMake", "_relayed_module");
   broken.make = [](ModulePtr) -> ModulePtr { throw std::runtime_error("cannot shard"); };
   o.models = fixtures::certification_models({"gemma-2b"});
+  o.properties = {"P1"};
   const auto make = run(broken, o);
   bool generated = false, fixture = false;
   for (const auto& e : make.entries) {
