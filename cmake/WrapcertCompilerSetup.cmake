@@ -103,15 +103,18 @@ endfunction()
 # the shared precompiled headers, also for a target of one source (they are built once; loading
 # them costs a unit about 2 s, parsing the headers again 20 s and more). A target that does not
 # use LibTorch says NO_PRECOMPILED_HEADERS; shared libraries and plugins compile without them.
-# TEST_CODE marks a target no fuzz target runs (tests, their main and support): with
-# WRAPCERT_BUILD_FUZZERS it gets no coverage instrumentation, which only guides libFuzzer
-# (the sanitizers are the same); its units compile in about two thirds of the time. In a
-# Release build it compiles at -O1 (a quarter less compile time: the tests' time is LibTorch's
-# and the library's, which stay at -O2), unless the benchmarks time its code (BENCHMARKED).
+# TEST_CODE marks a target no fuzz target runs (tests, their main and support), NOT_FUZZED a
+# library no fuzz target calls into (fuzz/ reaches core, io, python's bridge and fixtures):
+# with WRAPCERT_BUILD_FUZZERS either gets no coverage instrumentation, which only guides
+# libFuzzer (the sanitizers are the same); its units compile in about two thirds of the time.
+# In a Release build TEST_CODE compiles at -O1 (a quarter less compile time: the tests' time is
+# LibTorch's and the library's, which stay at -O2), unless the benchmarks time its code
+# (BENCHMARKED).
 function(wrapcert_target_defaults target)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_PRECOMPILED_HEADERS;TEST_CODE;BENCHMARKED" "" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_PRECOMPILED_HEADERS;TEST_CODE;NOT_FUZZED;BENCHMARKED"
+                        "" "")
   target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:wrapcert_warnings>)
-  if(arg_TEST_CODE AND WRAPCERT_BUILD_FUZZERS)
+  if((arg_TEST_CODE OR arg_NOT_FUZZED) AND WRAPCERT_BUILD_FUZZERS)
     target_compile_options(${target} PRIVATE
         -fno-sanitize-coverage=inline-8bit-counters,indirect-calls,trace-cmp,pc-table,stack-depth)
   endif()
