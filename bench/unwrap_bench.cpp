@@ -689,7 +689,8 @@ int main(int argc, char** argv) {
     char* end = nullptr;
     const long cases = std::strtol(value.c_str(), &end, 10);
     if (value.empty() || *end != '\0' || cases < 1 || cases > 1000000) {
-      std::cerr << "wrapcert_bench: " << arg << ": the cases must be a whole number from 1\n";
+      std::cerr << "wrapcert_bench: " << arg
+                << ": the cases must be a whole number from 1 to 1000000\n";
       return 2;
     }
     g_certify_cases = static_cast<int>(cases);

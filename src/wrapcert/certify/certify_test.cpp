@@ -17,6 +17,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <csignal>
@@ -309,6 +310,9 @@ TEST(Certify, ShowsTheLegacySubjectFailing) {
   o.properties = {"P1"};  // the keys it leaves wrapped
   const auto report = run(o);
   EXPECT_FALSE(report.passed());
+  EXPECT_TRUE(std::any_of(report.entries.begin(), report.entries.end(), [](const Entry& e) {
+    return e.property == "P1 keys" && e.status == Status::kFailed;
+  })) << to_markdown(report);
   o.properties.clear();
   o.subject = BuiltinUnwrap::kReference;
   o.cases = cases_to_pass(o.cases);
